@@ -1,0 +1,105 @@
+"""The base agent: a tool-calling loop against any benchmark episode.
+
+Every way an episode can end is an explicit `termination` in the trajectory
+(agent_stop, user_stop, max_steps, context_length, llm_error, ...), never a crash.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from trace_rl.evals.benchmark import Episode
+
+
+class Policy(Protocol):
+    """What the loop needs from a model: `LLM` (any endpoint) or a local transformers policy."""
+
+    name: str
+
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, **kw) -> Any: ...
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    benchmark: str
+    trial: int
+    model: str
+    messages: list[dict]
+    reward: float
+    passed: bool
+    termination: str
+    reasons: dict = field(default_factory=dict)
+    steps: int = 0
+    tool_calls: int = 0
+    malformed_tool_calls: int = 0
+    text_tool_calls: int = 0  # tool calls recovered from plain text
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    started_at: float = 0.0
+    split: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.benchmark}/{self.task_id}/{self.trial}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trajectory":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _is_context_error(err: Exception) -> bool:
+    text = str(err).lower()
+    return any(s in text for s in ("context length", "context_length", "maximum context", "too many tokens",
+                                   "exceeds the context", "n_ctx"))
+
+
+def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: str, trial: int = 0,
+                split: str = "", max_steps: int | None = None, **chat_kw) -> Trajectory:
+    """Roll out one episode to the end and score it."""
+    t0 = time.perf_counter()
+    started = time.time()
+    max_steps = max_steps or episode.max_steps
+    obs = episode.reset()
+    messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
+    stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0,
+                 completion_tokens=0)
+    termination = obs.reason if obs.done else None
+    error = None
+    while termination is None:
+        if stats["steps"] >= max_steps:
+            termination = "max_steps"
+            break
+        try:
+            reply = policy.chat(messages, tools=episode.tools, **chat_kw)
+        except Exception as err:  # endpoint failures end the episode, recorded
+            termination = "context_length" if _is_context_error(err) else "llm_error"
+            error = f"{type(err).__name__}: {err}"[:2000]
+            break
+        stats["steps"] += 1
+        stats["prompt_tokens"] += reply.prompt_tokens
+        stats["completion_tokens"] += reply.completion_tokens
+        stats["tool_calls"] += len(reply.tool_calls)
+        stats["malformed_tool_calls"] += sum("__malformed__" in tc.arguments for tc in reply.tool_calls)
+        stats["text_tool_calls"] += len(reply.tool_calls) if reply.tool_calls_from_text else 0
+        msg = reply.to_message()
+        if reply.tool_calls:
+            msg["content"] = None  # one turn is either text or tool calls (tau2's rule)
+        messages.append(msg)
+        obs = episode.step(msg.get("content") or "", msg.get("tool_calls") or [])
+        messages.extend(obs.messages)
+        if obs.done:
+            termination = obs.reason or "agent_stop"
+    score = episode.score(termination)
+    episode.close()
+    reasons = dict(score.reasons)
+    if error:
+        reasons["error"] = error
+    return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=messages,
+                      reward=score.reward, passed=score.passed, termination=termination, reasons=reasons,
+                      seconds=time.perf_counter() - t0, started_at=started, split=split, **stats)

@@ -1,0 +1,261 @@
+"""The one LLM client every agent uses: OpenAI-compatible chat with accounting.
+
+`LLMConfig.model` is the single field that picks the model: an embedded model name
+or a .gguf path (served locally by llama.cpp on first use), or, with `base_url` set,
+the model name at any OpenAI-compatible endpoint (vLLM, llama.cpp, a provider).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class LLMConfig(BaseModel):
+    model: str = Field("qwen2.5-coder-0.5b", description="embedded model name, path to a .gguf, or remote model name")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; unset = serve `model` locally")
+    api_key: str | None = Field(None, description="defaults to $OPENAI_API_KEY, or a dummy for local servers")
+    temperature: float = 0.0
+    max_tokens: int = 512
+    timeout: float = 300.0
+    retries: int = 2
+    n_ctx: int = 8192
+    price_in_per_mtok: float = 0.0
+    price_out_per_mtok: float = 0.0
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:12]}")
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": json.dumps(self.arguments)}}
+
+
+@dataclass
+class Reply:
+    content: str
+    tool_calls: list[ToolCall]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    tool_calls_from_text: bool = False  # parsed out of plain text rather than `tool_calls`
+
+    def to_message(self) -> dict:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if self.tool_calls:
+            msg["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
+        return msg
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    cost_usd: float = 0.0
+
+    def add(self, reply: Reply, cost: float) -> None:
+        self.calls += 1
+        self.prompt_tokens += reply.prompt_tokens
+        self.completion_tokens += reply.completion_tokens
+        self.seconds += reply.seconds
+        self.cost_usd += cost
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class StructuredOutputError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------- tool calls in text
+_FENCE = re.compile(r"```(?:json|tool_call)?\s*(.*?)```", re.S)
+_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def _json_objects(text: str):
+    """Every top-level JSON object in `text`, in order."""
+    dec = json.JSONDecoder()
+    i = 0
+    while (i := text.find("{", i)) != -1:
+        try:
+            obj, end = dec.raw_decode(text, i)
+        except ValueError:
+            i += 1
+            continue
+        yield obj
+        i = end
+
+
+def _as_tool_call(obj: Any, names: set[str] | None) -> ToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    if "function" in obj and isinstance(obj["function"], dict):  # OpenAI-shaped
+        obj = obj["function"]
+    name = obj.get("name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not isinstance(args, dict):
+        return None
+    if names is not None and name not in names:
+        return None
+    return ToolCall(name=name, arguments=args)
+
+
+def parse_tool_calls(text: str, names: set[str] | None = None) -> list[ToolCall]:
+    """Tool calls written as text: <tool_call> tags, ```json fences, or bare JSON objects.
+
+    Small models often answer a tool-use turn with JSON in the message body instead of
+    a `tool_calls` entry; `names` (the offered tools) keeps prose JSON from matching.
+    """
+    if not text or "{" not in text:
+        return []
+    chunks = _TAG.findall(text) or _FENCE.findall(text) or [text]
+    calls = []
+    for chunk in chunks:
+        for obj in _json_objects(chunk):
+            for item in obj if isinstance(obj, list) else [obj]:
+                if tc := _as_tool_call(item, names):
+                    calls.append(tc)
+    return calls
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON value in a reply (fenced or bare); raises ValueError if none."""
+    for chunk in _FENCE.findall(text) + [text]:
+        chunk = chunk.strip()
+        try:
+            return json.loads(chunk)
+        except ValueError:
+            pass
+        for start in (chunk.find("{"), chunk.find("[")):
+            if start != -1:
+                try:
+                    return json.JSONDecoder().raw_decode(chunk, start)[0]
+                except ValueError:
+                    pass
+    raise ValueError("no JSON value found in the reply")
+
+
+# ---------------------------------------------------------------- local endpoints
+_servers: dict[tuple[str, int], Any] = {}
+_servers_lock = threading.Lock()
+
+
+def local_endpoint(model: str, n_ctx: int = 8192) -> tuple[str, str]:
+    """(base_url, served name) for a local model, starting one llama.cpp server per model."""
+    from trace_rl.training.server import LlamaServer
+
+    with _servers_lock:
+        key = (model, n_ctx)
+        if key not in _servers:
+            _servers[key] = LlamaServer(model, n_ctx=n_ctx).start()
+            atexit.register(_servers[key].stop)
+        srv = _servers[key]
+        return srv.base_url, srv.model_name
+
+
+class LLM:
+    """Chat completions with retries, timeouts, usage/cost accounting and tool-call parsing."""
+
+    def __init__(self, config: LLMConfig | None = None, **overrides):
+        self.config = (config or LLMConfig()).model_copy(update=overrides)
+        self.usage = Usage()
+        self._lock = threading.Lock()
+        self._client = None
+        self._served_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.model
+
+    def _openai(self):
+        if self._client is None:
+            from openai import OpenAI
+
+            base_url, self._served_name = (self.config.base_url, self.config.model) if self.config.base_url \
+                else local_endpoint(self.config.model, self.config.n_ctx)
+            key = self.config.api_key or os.environ.get("OPENAI_API_KEY") or "sk-local"
+            self._client = OpenAI(base_url=base_url, api_key=key, timeout=self.config.timeout,
+                                  max_retries=self.config.retries)
+        return self._client
+
+    def _complete(self, messages: list[dict], tools: list[dict] | None, **kw) -> Reply:
+        """One request to the endpoint. Test doubles override this method only."""
+        client = self._openai()
+        args: dict[str, Any] = {"model": self._served_name, "messages": messages,
+                                "temperature": kw.get("temperature", self.config.temperature),
+                                "max_tokens": kw.get("max_tokens", self.config.max_tokens)}
+        if tools:
+            args["tools"] = tools
+            if kw.get("tool_choice"):
+                args["tool_choice"] = kw["tool_choice"]
+        if kw.get("response_format"):
+            args["response_format"] = kw["response_format"]
+        if kw.get("seed") is not None:
+            args["seed"] = kw["seed"]
+        t0 = time.perf_counter()
+        resp = client.chat.completions.create(**args)
+        dt = time.perf_counter() - t0
+        choice = resp.choices[0]
+        calls = []
+        for tc in choice.message.tool_calls or []:
+            try:
+                arguments = json.loads(tc.function.arguments or "{}")
+            except ValueError:
+                arguments = {"__malformed__": tc.function.arguments}
+            calls.append(ToolCall(name=tc.function.name, arguments=arguments if isinstance(arguments, dict) else
+                                  {"__malformed__": arguments}, id=tc.id or ToolCall("", {}).id))
+        usage = resp.usage
+        return Reply(content=choice.message.content or "", tool_calls=calls, finish_reason=choice.finish_reason,
+                     prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+                     completion_tokens=getattr(usage, "completion_tokens", 0) or 0, seconds=dt)
+
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, **kw) -> Reply:
+        reply = self._complete(messages, tools, **kw)
+        if tools and not reply.tool_calls:
+            names = {t["function"]["name"] for t in tools}
+            if calls := parse_tool_calls(reply.content, names):
+                reply.tool_calls, reply.tool_calls_from_text = calls, True
+        cost = (reply.prompt_tokens * self.config.price_in_per_mtok
+                + reply.completion_tokens * self.config.price_out_per_mtok) / 1e6
+        with self._lock:
+            self.usage.add(reply, cost)
+        return reply
+
+    def structured(self, messages: list[dict], schema: type[T], attempts: int = 3, **kw) -> T:
+        """Ask for JSON matching `schema`; on a parse or validation error, show the model
+        the error and ask again, up to `attempts` times."""
+        msgs = list(messages)
+        last = ""
+        for _ in range(attempts):
+            reply = self.chat(msgs, **kw)
+            try:
+                return schema.model_validate(extract_json(reply.content))
+            except (ValueError, ValidationError) as err:
+                last = str(err)
+                msgs += [{"role": "assistant", "content": reply.content},
+                         {"role": "user", "content": f"That answer was not valid:\n{last[:1500]}\n"
+                                                     "Reply again with only the corrected JSON."}]
+        raise StructuredOutputError(f"{schema.__name__}: no valid answer after {attempts} attempts; last error: {last[:1500]}")

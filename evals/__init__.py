@@ -1,0 +1,1 @@
+"""Benchmark adapters, rollouts, evaluation and reports."""

@@ -1,0 +1,1 @@
+"""LangGraph pipeline, run state and the `trace-rl` command line."""

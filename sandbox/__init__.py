@@ -1,0 +1,1 @@
+"""Docker sandbox: engine, offline-built image, hardened containers and sessions."""

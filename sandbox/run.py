@@ -1,0 +1,59 @@
+"""One-shot sandboxed execution: the hardening every container gets."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trace_rl.sandbox.engine import ensure_image
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory: str = "512m"
+    cpus: float = 1.0
+    pids: int = 128
+    tmpfs_size: str = "64m"
+    timeout_s: float = 30.0
+    max_output: int = 1 << 20  # bytes of stdout/stderr kept
+
+
+def hardened(limits: Limits) -> dict:
+    """docker-py container options: no network, read-only root, no privileges."""
+    return dict(network_mode="none", read_only=True, tmpfs={"/tmp": f"size={limits.tmpfs_size},mode=1777"},
+                mem_limit=limits.memory, memswap_limit=limits.memory, nano_cpus=int(limits.cpus * 1e9),
+                pids_limit=limits.pids, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                user="1000:1000", ipc_mode="none")
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None  # None when killed on timeout
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    oom_killed: bool = False
+
+
+def run_python(code: str, limits: Limits = Limits()) -> RunResult:
+    """Run a Python snippet in a fresh hardened container; the container is always removed."""
+    import requests
+
+    from trace_rl.sandbox.engine import ensure_engine
+
+    client = ensure_engine()
+    container = client.containers.create(ensure_image(), ["python3", "-c", code], **hardened(limits))
+    try:
+        container.start()
+        timed_out = False
+        try:
+            status = container.wait(timeout=limits.timeout_s)
+            code_ = status.get("StatusCode")
+        except (requests.exceptions.ConnectionError, requests.exceptions.ReadTimeout):
+            container.kill()
+            timed_out, code_ = True, None
+        out = container.logs(stdout=True, stderr=False, tail=2000)[-limits.max_output:].decode(errors="replace")
+        err = container.logs(stdout=False, stderr=True, tail=2000)[-limits.max_output:].decode(errors="replace")
+        container.reload()
+        oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+        return RunResult(code_, out, err, timed_out, oom)
+    finally:
+        container.remove(force=True)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Idempotent set-up: venv, pinned packages, llama.cpp wheel, and (with --docker/--models)
+# the Docker engine, sandbox image and embedded models. Fast when nothing changed.
+# Usage: scripts/setup.sh [--docker] [--models NAME...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${TRACE_RL_VENV:-$ROOT/.venv}
+CACHE=${TRACE_RL_CACHE:-$HOME/.cache/trace-rl}
+PY=${PYTHON:-python3}
+LLAMA_VERSION=0.3.36
+export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1
+
+want_docker=0; models=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --docker) want_docker=1 ;;
+    --models) shift; while [ $# -gt 0 ] && [[ "$1" != --* ]]; do models+=("$1"); shift; done; continue ;;
+    *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
+
+# 1. virtual environment
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q -U pip wheel
+fi
+PIP="$VENV/bin/pip"
+
+# 2. llama-cpp-python: built once from source (no prebuilt CPU wheel on PyPI), cached.
+#    GGML_NATIVE=OFF makes a wheel that runs on any x86-64 CPU, not just this one.
+WHEELS="$CACHE/wheels"; mkdir -p "$WHEELS"
+if ! ls "$WHEELS"/llama_cpp_python-$LLAMA_VERSION-*.whl >/dev/null 2>&1; then
+  log "building llama-cpp-python $LLAMA_VERSION from source (about 10 minutes on 2 cores, once)"
+  CMAKE_ARGS="-DGGML_NATIVE=OFF" "$PIP" wheel -q --no-deps -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
+fi
+
+# 3. packages: torch's CPU wheel first (so nothing pulls a CUDA build), then the lock.
+STAMP="$VENV/.trace-rl-installed"
+want=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  log "installing packages (requirements.lock)"
+  "$PIP" install -q torch==2.13.0
+  "$PIP" install -q --find-links "$WHEELS" -c requirements.lock -e ".[dev]"
+  echo "$want" > "$STAMP"
+fi
+
+# 4. optional: Docker engine + sandbox image, embedded models
+if [ $want_docker = 1 ]; then
+  log "Docker engine and sandbox image"
+  "$VENV/bin/trace-rl" sandbox check >/dev/null
+fi
+if [ ${#models[@]} -gt 0 ]; then
+  log "embedded models: ${models[*]}"
+  "$VENV/bin/trace-rl" models fetch "${models[@]}"
+fi
