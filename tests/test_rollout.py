@@ -1,0 +1,119 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from doubles import ScriptedLLM
+from trace_rl.agents.base_agent import run_episode
+from trace_rl.agents.llm import Reply, ToolCall
+from trace_rl.evals.benchmark import load_benchmark
+from trace_rl.evals.rollout import TrajectoryStore, rollout
+from trace_rl.evals.tau2_bench import Tau2Benchmark
+
+
+class TaggedTelecom(Tau2Benchmark):
+    """telecom with the task id appended to the system prompt, so a scripted policy can
+    look up that task's gold actions (tickets alone repeat across tasks)."""
+
+    def __init__(self):
+        super().__init__("telecom")
+
+    def episode(self, task_id, **kw):
+        ep = super().episode(task_id, **kw)
+        ep.system_prompt += f"\n<task_id>{task_id}</task_id>"
+        return ep
+
+
+def gold_policy(bench):
+    """Replays a task's gold actions, then calls `done` (a test double of a perfect agent)."""
+    def script(messages, tools):
+        tid = messages[0]["content"].rsplit("<task_id>", 1)[1].split("</task_id>")[0]
+        n_done = sum(1 for m in messages if m["role"] == "assistant")
+        gold = bench.gold_actions(tid)
+        if n_done < len(gold):
+            fn = gold[n_done]["function"]
+            return ToolCall(fn["name"], json.loads(fn["arguments"]))
+        return ToolCall("done", {})
+    return ScriptedLLM(script, name="gold")
+
+
+def test_run_episode_records_everything():
+    b = TaggedTelecom()
+    tid = b.tasks("test")[0].id
+    traj = run_episode(gold_policy(b), b.episode(tid), task_id=tid, benchmark=b.name)
+    assert traj.passed and traj.reward == 1.0 and traj.termination == "agent_stop"
+    assert traj.messages[0]["role"] == "system" and traj.tool_calls == traj.steps
+    assert traj.prompt_tokens == 10 * traj.steps
+
+
+def test_max_steps_and_malformed_are_outcomes_not_crashes():
+    b = load_benchmark("tau2:telecom")
+    tid = b.tasks("test")[0].id
+    loop = ScriptedLLM(lambda m, t: ToolCall("get_customer_by_phone", {"__malformed__": "{bad"}))
+    traj = run_episode(loop, b.episode(tid), task_id=tid, benchmark=b.name, max_steps=4)
+    assert traj.termination == "max_steps" and traj.steps == 4 and traj.malformed_tool_calls == 4
+    assert not traj.passed
+
+    def boom(m, t):
+        raise RuntimeError("This model's maximum context length is 4096 tokens")
+    traj = run_episode(ScriptedLLM(boom), b.episode(tid), task_id=tid, benchmark=b.name)
+    assert traj.termination == "context_length" and "maximum context" in traj.reasons["error"]
+
+    text = run_episode(ScriptedLLM(["I think it is fixed."]), b.episode(tid), task_id=tid, benchmark=b.name)
+    assert text.termination == "agent_error"  # solo agents may only call tools
+
+
+def test_store_drops_torn_tail(tmp_path):
+    b = TaggedTelecom()
+    ids = [t.id for t in b.tasks("test")[:2]]
+    store = TrajectoryStore(tmp_path)
+    rollout(b, gold_policy(b), ids, store, progress=False)
+    with open(store.path, "ab") as f:
+        f.write(b'{"task_id": "half-writ')
+    again = TrajectoryStore(tmp_path)
+    assert len(again) == 2 and store.path.read_bytes().endswith(b"\n")
+    assert json.loads(store.index_path.read_text())["count"] == 2
+
+
+KILLABLE = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from test_rollout import TaggedTelecom, gold_policy
+    from trace_rl.evals.rollout import TrajectoryStore, rollout
+    b = TaggedTelecom()
+    pol = gold_policy(b)
+    inner = pol._complete
+    def slow(*a, **k):
+        time.sleep(0.05)
+        return inner(*a, **k)
+    pol._complete = slow
+    ids = [t.id for t in b.tasks("test")[:{n}]]
+    rollout(b, pol, ids, TrajectoryStore({out!r}), trials=2, concurrency=2, progress=False)
+""")
+
+
+def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
+    n = 6
+    script = KILLABLE.format(tests=str(Path(__file__).parent), n=n, out=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.time() + 300
+    jsonl = tmp_path / "trajectories.jsonl"
+    while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < 3):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = TrajectoryStore(tmp_path).all()
+    assert 3 <= len(done_before) < 2 * n, "kill landed mid-run"
+    before = {t.key: t.started_at for t in done_before}
+    b = TaggedTelecom()
+    ids = [t.id for t in b.tasks("test")[:n]]
+    out = rollout(b, gold_policy(b), ids, TrajectoryStore(tmp_path), trials=2, progress=False)
+    assert len(out) == 2 * n and all(t.passed for t in out)
+    lines = [json.loads(l) for l in jsonl.read_text().splitlines()]
+    keys = [f"{l['benchmark']}/{l['task_id']}/{l['trial']}" for l in lines]
+    assert len(keys) == len(set(keys)) == 2 * n  # nothing lost, nothing twice
+    assert all(t.started_at == before[t.key] for t in out if t.key in before)  # finished ones not rerun
