@@ -29,7 +29,7 @@ class LLMConfig(BaseModel):
     max_tokens: int = 512
     timeout: float = 300.0
     retries: int = 2
-    n_ctx: int = 8192
+    n_ctx: int = 16384  # tau2 telecom's solo prompt + tools is ~11k tokens
     price_in_per_mtok: float = 0.0
     price_out_per_mtok: float = 0.0
 
@@ -163,7 +163,7 @@ _servers: dict[tuple[str, int], Any] = {}
 _servers_lock = threading.Lock()
 
 
-def local_endpoint(model: str, n_ctx: int = 8192) -> tuple[str, str]:
+def local_endpoint(model: str, n_ctx: int = 16384) -> tuple[str, str]:
     """(base_url, served name) for a local model, starting one llama.cpp server per model."""
     from trace_rl.training.server import LlamaServer
 

@@ -117,3 +117,22 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
     keys = [f"{l['benchmark']}/{l['task_id']}/{l['trial']}" for l in lines]
     assert len(keys) == len(set(keys)) == 2 * n  # nothing lost, nothing twice
     assert all(t.started_at == before[t.key] for t in out if t.key in before)  # finished ones not rerun
+
+
+def test_report_figures(tmp_path):
+    from trace_rl.agents.base_agent import Trajectory
+    from trace_rl.evals.report import pass_hat_k, summarize, wilson, write_report
+
+    def t(task, trial, ok):
+        return Trajectory(task_id=task, benchmark="b", trial=trial, model="m", messages=[], reward=float(ok),
+                          passed=ok, termination="agent_stop", split="test")
+    trajs = [t("a", 0, True), t("a", 1, True), t("b", 0, True), t("b", 1, False)]
+    figs = summarize(trajs)["b[test]"]
+    assert figs["pass@1"] == 0.75 and figs["tasks"] == 2
+    assert figs["pass^k"][2] == 0.5  # only task a passes both trials
+    assert pass_hat_k({"x": [True, False, True]}, 2) == 1 / 3
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and 0.2 < hi < 0.35
+    write_report(trajs, tmp_path, "t")
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "report.json").read_text())["groups"]["b[test]"]["passed"] == 3
