@@ -87,9 +87,7 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         stats["tool_calls"] += len(reply.tool_calls)
         stats["malformed_tool_calls"] += sum("__malformed__" in tc.arguments for tc in reply.tool_calls)
         stats["text_tool_calls"] += len(reply.tool_calls) if reply.tool_calls_from_text else 0
-        msg = reply.to_message()
-        if reply.tool_calls:
-            msg["content"] = None  # one turn is either text or tool calls (tau2's rule)
+        msg = reply.to_message()  # one turn is either text or tool calls (tau2's rule)
         messages.append(msg)
         obs = episode.step(msg.get("content") or "", msg.get("tool_calls") or [])
         messages.extend(obs.messages)

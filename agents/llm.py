@@ -56,7 +56,8 @@ class Reply:
     tool_calls_from_text: bool = False  # parsed out of plain text rather than `tool_calls`
 
     def to_message(self) -> dict:
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        # content is "" rather than None with tool calls: llama.cpp's server rejects None.
+        msg: dict[str, Any] = {"role": "assistant", "content": "" if self.tool_calls else self.content}
         if self.tool_calls:
             msg["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
         return msg

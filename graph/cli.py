@@ -180,5 +180,59 @@ def demo(tasks: int = typer.Option(3, help="telecom test tasks to run"),
     console.print(f"[bold]demo done:[/] {first['passed']}/{first['episodes']} passed")
 
 
+def load_trajectories(run_dir):
+    """Every trajectory under a run directory (each rollouts/*/trajectories.jsonl)."""
+    from pathlib import Path
+
+    from trace_rl.evals.rollout import TrajectoryStore
+
+    paths = sorted(Path(run_dir).rglob("trajectories.jsonl"))
+    return [t for p in paths for t in TrajectoryStore(p.parent).all()]
+
+
+@app.command()
+def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollouts (trajectories.jsonl)"),
+            model: str = typer.Option("qwen2.5-coder-1.5b", help="analyst model"),
+            base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
+            n_runs: int = typer.Option(10, help="independent labelling runs (N)"),
+            k: int = typer.Option(8, help="runs a capability must pass (K)"),
+            rho: float = typer.Option(0.10, help="minimum coverage"),
+            delta: float = typer.Option(0.20, help="minimum contrast gap"),
+            n_candidates: int = typer.Option(10, help="capabilities proposed in discovery"),
+            context_chars: int = typer.Option(24000, help="trajectory text per analyst call"),
+            max_tokens: int = typer.Option(2048, help="analyst answer length")):
+    """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
+    from trace_rl.agents.llm import LLM, LLMConfig
+
+    trajs = load_trajectories(run_dir)
+    if not trajs:
+        console.print(f"[red]error:[/] no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
+        raise typer.Exit(2)
+    try:
+        cfg = AnalysisConfig(n_runs=n_runs, k=k, rho=rho, delta=delta, n_candidates=n_candidates,
+                             context_chars=context_chars)
+    except ValidationError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2)
+    llm = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens))
+    out = Path(run_dir) / "analysis"
+    results = run_analysis(trajs, llm, out, cfg)
+    table = Table("capability", "Cov mean±std", "Δ mean±std", "runs passed", "kept", "examples",
+                  title=f"{len(trajs)} trajectories, {sum(not t.passed for t in trajs)} failed")
+    for r in results:
+        table.add_row(r.name, f"{r.cov_mean:.2f}±{r.cov_std:.2f}", f"{r.delta_mean:+.2f}±{r.delta_std:.2f}",
+                      f"{r.runs_passed}/{r.n_runs}", "[green]yes[/]" if r.kept else "no",
+                      ", ".join(r.example_failed_task_ids[:2]))
+    console.print(table)
+    u = llm.usage
+    console.print(f"analyst cost: {u.calls} calls, {u.prompt_tokens}+{u.completion_tokens} tokens, "
+                  f"{u.seconds:.0f}s in the model; written to [bold]{out}[/] (capabilities.json, cov_delta.png)")
+
+
 def main():  # pragma: no cover
     app()

@@ -32,20 +32,24 @@ fi
 PIP="$VENV/bin/pip"
 
 # 2. llama-cpp-python: built once from source (no prebuilt CPU wheel on PyPI), cached.
-#    GGML_NATIVE=OFF makes a wheel that runs on any x86-64 CPU, not just this one.
-WHEELS="$CACHE/wheels"; mkdir -p "$WHEELS"
+#    Not -march=native (the wheel must run on other machines) but x86-64-v3 (AVX2/FMA/F16C):
+#    a baseline-SSE build processes prompts ~5x slower, which tau2's 10k-token prompts feel.
+LLAMA_CMAKE=${TRACE_RL_LLAMA_CMAKE:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
+WHEELS="$CACHE/wheels/llama-$(echo "$LLAMA_VERSION $LLAMA_CMAKE" | sha256sum | cut -c1-12)"; mkdir -p "$WHEELS"
 if ! ls "$WHEELS"/llama_cpp_python-$LLAMA_VERSION-*.whl >/dev/null 2>&1; then
   log "building llama-cpp-python $LLAMA_VERSION from source (about 10 minutes on 2 cores, once)"
-  CMAKE_ARGS="-DGGML_NATIVE=OFF" "$PIP" wheel -q --no-deps -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
+  CMAKE_ARGS="$LLAMA_CMAKE" "$PIP" wheel -q --no-cache-dir --no-deps -w "$WHEELS.tmp" "llama-cpp-python==$LLAMA_VERSION"
+  mv "$WHEELS.tmp"/*.whl "$WHEELS"/ && rmdir "$WHEELS.tmp"
 fi
 
 # 3. packages: torch's CPU wheel first (so nothing pulls a CUDA build), then the lock.
 STAMP="$VENV/.trace-rl-installed"
-want=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml requirements.lock; ls "$WHEELS") | sha256sum | cut -c1-16)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   log "installing packages (requirements.lock)"
   "$PIP" install -q torch==2.13.0
   "$PIP" install -q --find-links "$WHEELS" -c requirements.lock -e ".[dev]"
+  "$PIP" install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-$LLAMA_VERSION-*.whl
   echo "$want" > "$STAMP"
 fi
 

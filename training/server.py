@@ -33,7 +33,7 @@ class LlamaServer:
     host: str = "127.0.0.1"
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
-    chat_format: str | None = None
+    chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
     startup_timeout: float = 180.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -48,14 +48,13 @@ class LlamaServer:
 
     def start(self) -> "LlamaServer":
         path = gguf_path(self.model)
-        chat_format = self.chat_format or (MODELS[self.model].chat_format if self.model in MODELS
-                                           else "chatml-function-calling")
+        chat_format = self.chat_format or (MODELS[self.model].chat_format if self.model in MODELS else None)
         self.port = self.port or free_port()
         log_path = cache_dir() / "logs" / f"llama-server-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--model_alias", self.model_name,
                "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-               "--n_threads", str(self.n_threads), "--chat_format", chat_format]
+               "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout

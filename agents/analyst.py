@@ -1,0 +1,419 @@
+"""Contrastive capability analysis (TRACE §2): discover, label over N runs, aggregate.
+
+1. discovery: the analyst LLM reads passed and failed trajectories and proposes general
+   capabilities (validated: snake_case, 2-3 sentences, example failed task ids, no domain
+   recipes, no duplicates);
+2. labelling: N independent runs, fresh contexts, each labelling every (trajectory,
+   capability) pair NA / PRESENT / LACKING; labels are cached per run, so a resumed
+   analysis pays only for what is missing;
+3. aggregation in plain code: per run LF, PF, LP, PP -> Cov, ER-, ER+, Δ; keep a capability
+   passing Cov ≥ ρ and Δ ≥ δ in at least K of N runs; rank by mean Δ.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
+
+from trace_rl import prompts
+from trace_rl.agents.base_agent import Trajectory
+from trace_rl.agents.llm import LLM
+from trace_rl.evals.rollout import atomic_write_json
+
+EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
+
+
+class Label(str, Enum):
+    NA = "NA"
+    PRESENT = "PRESENT"
+    LACKING = "LACKING"
+
+
+class Status(str, Enum):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    REJECTED = "REJECTED"
+    DONE = "DONE"
+
+
+# ---------------------------------------------------------------- configuration
+class AnalysisConfig(BaseModel):
+    n_candidates: int = Field(10, ge=1, le=30)
+    n_runs: int = Field(10, ge=1)
+    k: int = Field(8, ge=1, description="runs a capability must pass to be kept")
+    rho: float = Field(0.10, ge=0, le=1, description="minimum coverage of failures")
+    delta: float = Field(0.20, ge=-1, le=1, description="minimum contrast gap ER- minus ER+")
+    context_chars: int = Field(24000, ge=2000, description="trajectory text per LLM call (~4 chars a token)")
+    per_trajectory_chars: int = Field(6000, ge=500, description="budget of one compacted trajectory")
+    discovery_examples: int = Field(12, ge=2, description="trajectories shown in discovery (half failed)")
+    label_temperature: float = 0.7  # runs must be independent draws, not one greedy answer N times
+    concurrency: int = Field(2, ge=1)
+    domain_words: list[str] = Field(default_factory=list, description="words that mark a domain recipe")
+
+    @field_validator("k")
+    @classmethod
+    def _k_le_n(cls, k, info):
+        n = info.data.get("n_runs", 10)
+        if k > n:
+            raise ValueError(f"k={k} exceeds n_runs={n}: a capability could never be kept; set k <= n_runs")
+        return k
+
+
+# ---------------------------------------------------------------- compaction
+def compact(traj: Trajectory, budget: int) -> str:
+    """A deterministic text of one trajectory within `budget` characters.
+
+    Long messages are cut in the middle; if still too long, middle messages are elided
+    with an explicit marker, keeping the start (the task) and the end (the outcome).
+    """
+    head = (f"### trajectory {traj.key}\noutcome: {'PASSED' if traj.passed else 'FAILED'} "
+            f"(reward {traj.reward:.2f}, ended by {traj.termination}, {traj.steps} steps)\n")
+
+    def render(m: dict, cap: int) -> str:
+        if m.get("tool_calls"):
+            body = "; ".join(f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m["tool_calls"])
+            body = f"CALL {body}"
+        else:
+            body = str(m.get("content") or "")
+        if len(body) > cap:
+            body = body[: cap // 2] + f" [...{len(body) - cap} chars cut...] " + body[-cap // 2:]
+        return f"[{m['role']}] {body}"
+
+    msgs = [m for m in traj.messages if m.get("role") != "system"]
+    for cap in (600, 300, 150):
+        lines = [render(m, cap) for m in msgs]
+        if len(head) + sum(len(l) + 1 for l in lines) <= budget:
+            return head + "\n".join(lines)
+    lines = [render(m, 150) for m in msgs]
+    keep_head, keep_tail, used = [], [], len(head) + 60
+    i, j = 0, len(lines) - 1
+    while i <= j:  # alternate from both ends until the budget is spent
+        for side in (0, 1):
+            if i > j:
+                break
+            line = lines[i] if side == 0 else lines[j]
+            if used + len(line) + 1 > budget:
+                i = j + 1
+                break
+            used += len(line) + 1
+            if side == 0:
+                keep_head.append(line)
+                i += 1
+            else:
+                keep_tail.insert(0, line)
+                j -= 1
+    elided = len(lines) - len(keep_head) - len(keep_tail)
+    return head + "\n".join(keep_head + [f"[... {elided} messages elided ...]"] + keep_tail)
+
+
+# ---------------------------------------------------------------- discovery
+_SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)+$")
+
+
+class Capability(BaseModel):
+    name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)")
+    description: str = Field(description="2-3 sentences")
+    example_task_ids: list[str] = Field(description="2-4 ids of failed tasks that show the gap")
+
+    @field_validator("name")
+    @classmethod
+    def _snake(cls, v: str) -> str:
+        if not _SNAKE.match(v):
+            raise ValueError(f"name {v!r} must be snake_case with at least two words, e.g. precondition_verification")
+        return v
+
+    @field_validator("description")
+    @classmethod
+    def _sentences(cls, v: str) -> str:
+        n = len([s for s in re.split(r"(?<=[.!?])\s+", v.strip()) if s])
+        if not 1 <= n <= 4 or len(v) > 600:
+            raise ValueError("description must be 2-3 sentences (under 600 characters)")
+        return v
+
+    @field_validator("example_task_ids")
+    @classmethod
+    def _examples(cls, v: list[str]) -> list[str]:
+        if not 1 <= len(v) <= 4:
+            raise ValueError("give 2-4 example task ids")
+        return v
+
+
+class Candidates(BaseModel):
+    capabilities: list[Capability]
+
+
+def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Capability]:
+    """Reject domain recipes and duplicates; raise with every problem so the model can fix them."""
+    problems, out, seen = [], [], set()
+    for c in cands.capabilities:
+        words = set(c.name.split("_"))
+        hits = words & {w.lower() for w in cfg.domain_words}
+        if hits:
+            problems.append(f"{c.name}: names the domain ({', '.join(sorted(hits))}); describe a general capability")
+            continue
+        unknown = [t for t in c.example_task_ids if t not in failed_ids]
+        if unknown:
+            problems.append(f"{c.name}: example ids {unknown} are not failed trajectories shown")
+            continue
+        key = frozenset(words - {"and", "of", "the", "to"})
+        if c.name in seen or any(len(key & s) >= max(2, len(key) - 0) for s in seen if isinstance(s, frozenset)):
+            problems.append(f"{c.name}: duplicates another candidate")
+            continue
+        seen.update({c.name, key})
+        out.append(c)
+    if problems:
+        raise ValueError("; ".join(problems))
+    if len(out) > cfg.n_candidates:
+        raise ValueError(f"at most {cfg.n_candidates} capabilities, got {len(out)}")
+    return out
+
+
+def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3) -> list[Capability]:
+    failed = [t for t in trajs if not t.passed]
+    passed = [t for t in trajs if t.passed]
+    half = cfg.discovery_examples // 2
+    shown = failed[: max(half, cfg.discovery_examples - len(passed))] + passed[:half]
+    per = max(500, cfg.context_chars // max(1, len(shown)))
+    text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars)) for t in shown)
+    failed_ids = {t.key for t in failed}
+    msgs = [{"role": "system", "content": prompts.load("analyst_discovery", n_candidates=str(cfg.n_candidates))},
+            {"role": "user", "content": text}]
+    last = ""
+    for _ in range(attempts):
+        cands = llm.structured(msgs, Candidates)
+        try:
+            return _check_candidates(cands, cfg, failed_ids)
+        except ValueError as err:
+            last = str(err)
+            msgs = msgs + [{"role": "assistant", "content": cands.model_dump_json()},
+                           {"role": "user", "content": f"Fix these problems and answer again: {last}"}]
+    raise ValueError(f"discovery produced no valid candidate list after {attempts} rounds: {last}")
+
+
+# ---------------------------------------------------------------- labelling
+class LabelItem(BaseModel):
+    trajectory: str
+    capability: str
+    label: Label
+
+
+class LabelBatch(BaseModel):
+    labels: list[LabelItem]
+
+
+def _batches(trajs: list[Trajectory], cfg: AnalysisConfig) -> list[list[Trajectory]]:
+    out, cur, used = [], [], 0
+    for t in trajs:
+        size = min(len(compact(t, cfg.per_trajectory_chars)), cfg.per_trajectory_chars)
+        if cur and used + size > cfg.context_chars:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(t)
+        used += size
+    return out + ([cur] if cur else [])
+
+
+def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
+                seed: int) -> dict[str, dict[str, Label]]:
+    cap_text = "\n".join(f"- {c.name}: {c.description}" for c in caps)
+    text = "\n\n".join(compact(t, cfg.per_trajectory_chars) for t in batch)
+    msgs = [{"role": "system", "content": prompts.load("analyst_labelling", capabilities=cap_text)},
+            {"role": "user", "content": text}]
+    want = {(t.key, c.name) for t in batch for c in caps}
+    out: dict[str, dict[str, Label]] = {t.key: {} for t in batch}
+    for _ in range(3):
+        got = llm.structured(msgs, LabelBatch, temperature=cfg.label_temperature, seed=seed)
+        for item in got.labels:
+            if (item.trajectory, item.capability) in want:
+                out[item.trajectory][item.capability] = item.label
+        missing = [(t, c) for t, c in sorted(want) if c not in out[t]]
+        if not missing:
+            return out
+        msgs = msgs + [{"role": "assistant", "content": got.model_dump_json()},
+                       {"role": "user", "content": "You missed these pairs; label them: "
+                                                   + "; ".join(f"{t} x {c}" for t, c in missing[:40])}]
+    for t, c in missing:  # still missing after 3 asks: the method's rule, when unsure lean to PRESENT
+        out[t][c] = Label.PRESENT
+    return out
+
+
+class LabelCache:
+    """labels/run_XX.json: {trajectory key: {capability: label}}, rewritten atomically per batch."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, run: int) -> Path:
+        return self.dir / f"run_{run:02d}.json"
+
+    def load(self, run: int) -> dict[str, dict[str, str]]:
+        p = self.path(run)
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    def save(self, run: int, labels: dict) -> None:
+        atomic_write_json(self.path(run), labels)
+
+
+def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
+               cache: LabelCache, progress: bool = True) -> list[dict[str, dict[str, Label]]]:
+    """N independent labelling runs (isolated contexts), resumable from the cache."""
+    from rich.progress import Progress
+
+    names = [c.name for c in caps]
+
+    def one_run(r: int, bar, task) -> dict:
+        labels = cache.load(r)
+        todo = [t for t in trajs if not all(n in labels.get(t.key, {}) for n in names)]
+        for batch in _batches(todo, cfg):
+            got = label_batch(llm, batch, caps, cfg, seed=1000 + r)
+            for key, d in got.items():
+                labels.setdefault(key, {}).update({k: v.value for k, v in d.items()})
+            cache.save(r, labels)
+            bar.update(task, advance=len(batch))
+        return {k: {n: Label(v) for n, v in d.items() if n in names} for k, d in labels.items()}
+
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task("labelling", total=len(trajs) * cfg.n_runs)
+        with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
+            return list(pool.map(lambda r: one_run(r, bar, task), range(cfg.n_runs)))
+
+
+# ---------------------------------------------------------------- aggregation
+@dataclass
+class RunFigures:
+    LF: int
+    PF: int
+    LP: int
+    PP: int
+    n_failed: int
+    cov: float
+    er_minus: float
+    er_plus: float
+    delta: float
+    passed: bool
+
+
+def run_figures(labels: dict[str, Label], outcome: dict[str, bool], cfg: AnalysisConfig) -> RunFigures:
+    """One run's figures for one capability. `labels`: trajectory -> label (missing = NA).
+
+    Edge cases are defined, never a division error: with no failures Cov = 0; with no
+    applicable failed (or passed) trajectories ER- (or ER+) = 0.
+    """
+    c = {"LF": 0, "PF": 0, "LP": 0, "PP": 0}
+    for key, ok in outcome.items():
+        lab = labels.get(key, Label.NA)
+        if lab is Label.NA:
+            continue
+        c[("L" if lab is Label.LACKING else "P") + ("P" if ok else "F")] += 1
+    n_failed = sum(not ok for ok in outcome.values())
+    cov = c["LF"] / n_failed if n_failed else 0.0
+    er_minus = c["LF"] / (c["LF"] + c["PF"]) if c["LF"] + c["PF"] else 0.0
+    er_plus = c["LP"] / (c["LP"] + c["PP"]) if c["LP"] + c["PP"] else 0.0
+    delta = er_minus - er_plus
+    return RunFigures(**c, n_failed=n_failed, cov=cov, er_minus=er_minus, er_plus=er_plus, delta=delta,
+                      passed=cov >= cfg.rho - EPS and delta >= cfg.delta - EPS)
+
+
+@dataclass
+class CapabilityResult:
+    name: str
+    description: str
+    cov_mean: float
+    cov_std: float
+    delta_mean: float
+    delta_std: float
+    runs_passed: int
+    n_runs: int
+    kept: bool
+    status: str
+    example_failed_task_ids: list[str]
+    runs: list[dict] = field(default_factory=list)
+
+
+def aggregate(caps: list[Capability], runs: list[dict[str, dict[str, Label]]], outcome: dict[str, bool],
+              cfg: AnalysisConfig) -> list[CapabilityResult]:
+    """Kept capabilities first, ranked by mean Δ (then the dropped ones, also by mean Δ)."""
+    results = []
+    for cap in caps:
+        figs = [run_figures({k: d.get(cap.name, Label.NA) for k, d in run.items()}, outcome, cfg) for run in runs]
+        covs, deltas = [f.cov for f in figs], [f.delta for f in figs]
+        n_pass = sum(f.passed for f in figs)
+        kept = n_pass >= cfg.k
+        lacking_failed = sorted({k for run in runs for k, d in run.items()
+                                 if d.get(cap.name) is Label.LACKING and not outcome.get(k, True)})
+        results.append(CapabilityResult(
+            name=cap.name, description=cap.description,
+            cov_mean=statistics.fmean(covs) if covs else 0.0, cov_std=statistics.pstdev(covs) if covs else 0.0,
+            delta_mean=statistics.fmean(deltas) if deltas else 0.0,
+            delta_std=statistics.pstdev(deltas) if deltas else 0.0,
+            runs_passed=n_pass, n_runs=len(runs), kept=kept,
+            status=(Status.PENDING if kept else Status.REJECTED).value,
+            example_failed_task_ids=(lacking_failed or cap.example_task_ids)[:4],
+            runs=[asdict(f) for f in figs]))
+    return sorted(results, key=lambda r: (not r.kept, -r.delta_mean))
+
+
+# ---------------------------------------------------------------- the whole analysis
+def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: AnalysisConfig | None = None,
+            progress: bool = True) -> list[CapabilityResult]:
+    """Run discovery (or reuse candidates.json), labelling (cached) and aggregation.
+
+    Writes candidates.json, labels/run_XX.json, capabilities.json and cov_delta.png."""
+    cfg = cfg or AnalysisConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not trajs:
+        raise ValueError("no trajectories to analyse: run the rollout stage first")
+    t0 = time.perf_counter()
+    usage0 = llm.usage.as_dict()
+    cand_path = out / "candidates.json"
+    if cand_path.exists():
+        caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
+    else:
+        caps = discover(llm, trajs, cfg)
+        atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
+    runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress)
+    outcome = {t.key: t.passed for t in trajs}
+    results = aggregate(caps, runs, outcome, cfg)
+    usage = {k: llm.usage.as_dict()[k] - usage0[k] for k in usage0}
+    atomic_write_json(out / "capabilities.json", {
+        "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
+        "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name},
+        "capabilities": [asdict(r) for r in results]})
+    plot_cov_delta(results, cfg, out / "cov_delta.png")
+    return results
+
+
+def plot_cov_delta(results: list[CapabilityResult], cfg: AnalysisConfig, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for r in results:
+        ax.errorbar(r.cov_mean, r.delta_mean, xerr=r.cov_std, yerr=r.delta_std, fmt="o",
+                    color="tab:green" if r.kept else "tab:gray", capsize=2)
+        ax.annotate(f"{r.name} ({r.runs_passed}/{r.n_runs})", (r.cov_mean, r.delta_mean), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.axvline(cfg.rho, ls="--", color="tab:red", lw=1, label=f"ρ = {cfg.rho}")
+    ax.axhline(cfg.delta, ls="--", color="tab:blue", lw=1, label=f"δ = {cfg.delta}")
+    ax.set_xlabel("coverage of failures (Cov)")
+    ax.set_ylabel("contrast gap Δ = ER⁻ − ER⁺")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-1.02, 1.02)
+    ax.set_title(f"capabilities: kept if Cov ≥ ρ and Δ ≥ δ in ≥ {cfg.k} of {cfg.n_runs} runs", fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)

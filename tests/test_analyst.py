@@ -1,0 +1,141 @@
+import json
+import re
+
+import pytest
+
+from doubles import ScriptedLLM
+from trace_rl.agents.analyst import (AnalysisConfig, Capability, Label, aggregate, analyze, compact,
+                                     run_figures)
+from trace_rl.agents.base_agent import Trajectory
+
+L, P, N = Label.LACKING, Label.PRESENT, Label.NA
+CFG = AnalysisConfig(n_runs=1, k=1)
+
+
+def table(rows):
+    """rows: (passed, label) -> (labels, outcome) keyed t0, t1, ..."""
+    labels = {f"t{i}": lab for i, (_, lab) in enumerate(rows)}
+    outcome = {f"t{i}": ok for i, (ok, _) in enumerate(rows)}
+    return labels, outcome
+
+
+def test_formulas_on_a_hand_built_table():
+    # failed: 2 LACKING, 1 PRESENT, 1 NA; passed: 1 LACKING, 3 PRESENT
+    labels, outcome = table([(False, L), (False, L), (False, P), (False, N), (True, L), (True, P), (True, P), (True, P)])
+    f = run_figures(labels, outcome, CFG)
+    assert (f.LF, f.PF, f.LP, f.PP, f.n_failed) == (2, 1, 1, 3, 4)
+    assert f.cov == pytest.approx(2 / 4) and f.er_minus == pytest.approx(2 / 3) and f.er_plus == pytest.approx(1 / 4)
+    assert f.delta == pytest.approx(2 / 3 - 1 / 4) and f.passed
+
+
+def test_threshold_boundaries_are_inclusive():
+    # Cov exactly 0.10 (1 of 10 failures LACKING), Δ exactly 0.20: ER- = 1/1... build it precisely
+    rows = [(False, L)] + [(False, N)] * 9 + [(True, L)] * 4 + [(True, P)] * 1  # ER-=1, ER+=0.8, Δ=0.2
+    f = run_figures(*table(rows), CFG)
+    assert f.cov == pytest.approx(0.10) and f.delta == pytest.approx(0.20) and f.passed
+    rows_below = [(False, L)] + [(False, N)] * 10 + [(True, L)] * 4 + [(True, P)]  # Cov = 1/11 < 0.10
+    assert not run_figures(*table(rows_below), CFG).passed
+    rows_gap = [(False, L)] + [(False, N)] * 9 + [(True, L)] * 9 + [(True, P)] * 1  # Δ = 0.1
+    assert not run_figures(*table(rows_gap), CFG).passed
+
+
+def test_edge_cases_give_defined_values():
+    no_fail = run_figures(*table([(True, L), (True, P)]), CFG)
+    assert no_fail.cov == 0.0 and no_fail.er_minus == 0.0 and not no_fail.passed
+    no_pass = run_figures(*table([(False, L), (False, P)]), CFG)
+    assert no_pass.er_plus == 0.0 and no_pass.delta == pytest.approx(0.5) and no_pass.passed
+    all_na = run_figures(*table([(False, N), (True, N)]), CFG)
+    assert (all_na.cov, all_na.delta, all_na.passed) == (0.0, 0.0, False)
+    empty = run_figures({}, {}, CFG)
+    assert empty.cov == 0.0 and not empty.passed
+
+
+def test_k_of_n():
+    cfg = AnalysisConfig(n_runs=10, k=8)
+    cap = Capability(name="precondition_verification", description="Checks state first. It matters.",
+                     example_task_ids=["t0"])
+    good = {"t0": {cap.name: L}, "t1": {cap.name: P}}
+    bad = {"t0": {cap.name: P}, "t1": {cap.name: P}}
+    outcome = {"t0": False, "t1": True}
+    for n_good, kept in [(8, True), (7, False), (10, True)]:
+        runs = [good] * n_good + [bad] * (10 - n_good)
+        (res,) = aggregate([cap], runs, outcome, cfg)
+        assert res.runs_passed == n_good and res.kept is kept
+        assert res.status == ("PENDING" if kept else "REJECTED")
+    with pytest.raises(ValueError, match="k=11 exceeds n_runs=10"):
+        AnalysisConfig(n_runs=10, k=11)
+
+
+def traj(i, passed, n_msgs=4, body="x"):
+    msgs = [{"role": "system", "content": "sys"}] + [
+        {"role": "user" if j % 2 else "assistant", "content": f"m{j} " + body} for j in range(n_msgs)]
+    return Trajectory(task_id=f"task{i}", benchmark="b", trial=0, model="m", messages=msgs,
+                      reward=float(passed), passed=passed, termination="agent_stop")
+
+
+def test_compaction_is_deterministic_and_marks_what_it_drops():
+    t = traj(0, False, n_msgs=200, body="y" * 2000)
+    text = compact(t, 5000)
+    assert len(text) <= 5000 and text == compact(t, 5000)
+    assert "messages elided" in text and "m0 " in text and "m199 " in text and "FAILED" in text
+    short = compact(traj(1, True), 5000)
+    assert "elided" not in short and "m3 x" in short
+
+
+def test_planted_capability_kept_and_distractor_dropped(tmp_path):
+    """A scripted analyst: `verify_preconditions` is lacking only in failed trajectories (and
+    only in 90% of runs, noise), `polite_tone` is present everywhere."""
+    trajs = [traj(i, passed=i % 3 == 0) for i in range(12)]
+    outcome = {t.key: t.passed for t in trajs}
+    failed = [t.key for t in trajs if not t.passed]
+
+    def script(messages, tools):
+        sys_prompt = messages[0]["content"]
+        if "propose at most" in sys_prompt.lower():
+            return json.dumps({"capabilities": [
+                {"name": "verify_preconditions", "description": "Checks that a state allows an action before acting. "
+                 "Its absence shows as actions taken on ineligible records.", "example_task_ids": failed[:2]},
+                {"name": "polite_tone", "description": "Speaks politely. Greets the user.",
+                 "example_task_ids": failed[2:4]}]})
+        ids = re.findall(r"### trajectory (\S+)", messages[1]["content"])
+        seed = len(script.calls)
+        script.calls.append(1)
+        labels = []
+        for k in ids:
+            noisy = (sum(map(ord, k)) + seed) % 10 == 0
+            labels.append({"trajectory": k, "capability": "verify_preconditions",
+                           "label": "LACKING" if not outcome[k] and not noisy else "PRESENT"})
+            labels.append({"trajectory": k, "capability": "polite_tone", "label": "PRESENT"})
+        return json.dumps({"labels": labels})
+    script.calls = []
+    llm = ScriptedLLM(script)
+    cfg = AnalysisConfig(n_runs=10, k=8, context_chars=3000, per_trajectory_chars=1000, concurrency=2)
+    results = analyze(trajs, llm, tmp_path, cfg, progress=False)
+    by = {r.name: r for r in results}
+    assert by["verify_preconditions"].kept and by["verify_preconditions"].runs_passed >= 8
+    assert not by["polite_tone"].kept and by["polite_tone"].delta_mean == 0.0
+    assert results[0].name == "verify_preconditions"
+    out = json.loads((tmp_path / "capabilities.json").read_text())
+    assert out["cost"]["calls"] == llm.usage.calls and (tmp_path / "cov_delta.png").exists()
+    assert len(list((tmp_path / "labels").glob("run_*.json"))) == 10
+    # resume: everything cached, no new LLM calls
+    calls = llm.usage.calls
+    again = analyze(trajs, llm, tmp_path, cfg, progress=False)
+    assert llm.usage.calls == calls and [r.name for r in again] == [r.name for r in results]
+
+
+def test_discovery_rejects_domain_recipes_and_retries(tmp_path):
+    trajs = [traj(i, passed=i == 0) for i in range(4)]
+    failed = [t.key for t in trajs if not t.passed]
+    answers = [
+        json.dumps({"capabilities": [{"name": "flight_rebooking", "description": "Rebooks flights. Well.",
+                                      "example_task_ids": failed[:2]}]}),
+        json.dumps({"capabilities": [{"name": "state_tracking", "description": "Tracks state. Across turns.",
+                                      "example_task_ids": failed[:2]}]}),
+    ]
+    from trace_rl.agents.analyst import discover
+
+    llm = ScriptedLLM(answers)
+    caps = discover(llm, trajs, AnalysisConfig(domain_words=["flight", "airline"]))
+    assert [c.name for c in caps] == ["state_tracking"]
+    assert "names the domain (flight)" in llm.requests[1][-1]["content"]
