@@ -1,0 +1,308 @@
+"""Verifier: is a synthesized environment sound before any GPU time is spent on it?
+
+1. automatic checks, all inside the sandbox: loads and meets the contract; tool schemas
+   are a subset of the target's with identical shapes; deterministic per seed; the
+   reference solver scores >= 0.99 on >= 95% of seeds; trivial policies (do nothing,
+   refuse, random tool calls) score <= 0.2 on average; echoing the prompt back scores
+   low too (else the answer is leaked); instances vary across seeds;
+2. a verifier LLM reviews the code and sample episodes for reward hacks and leaks;
+3. calibration with the base model: mean reward and success rate in a band, and the
+   group statistics from the method (TRACE §3).
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from pydantic import BaseModel, Field
+
+from trace_rl import prompts
+from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
+
+
+class VerifyConfig(BaseModel):
+    seeds: int = Field(40, ge=4, description="seeds for solver / trivial-policy checks")
+    determinism_seeds: int = Field(5, ge=1)
+    solver_min_reward: float = 0.99
+    solver_min_fraction: float = 0.95
+    trivial_max_mean: float = 0.2
+    min_distinct_fraction: float = Field(0.5, description="share of seeds giving a distinct first message")
+    max_tools: int = 8
+    # calibration (TRACE §3)
+    calib_seeds: int = 100
+    calib_samples: int = 16
+    calib_temperature: float = 0.7
+    band: tuple[float, float] = (0.2, 0.6)
+    min_reward_std: float = 0.05
+    max_all_success_groups: float = 0.2
+    max_all_zero_groups: float = 0.2
+    max_constant_groups: float = 0.5
+    min_informative_groups: float = 0.5
+
+
+@dataclass
+class Finding:
+    check: str
+    passed: bool
+    detail: str
+    figures: dict = field(default_factory=dict)
+
+
+@dataclass
+class VerifierReport:
+    findings: list[Finding]
+    review: dict | None = None
+    calibration: dict | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(f.passed for f in self.findings)
+
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if not f.passed]
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "findings": [asdict(f) for f in self.findings],
+                "review": self.review, "calibration": self.calibration}
+
+    def feedback(self) -> str:
+        """What goes back to the env-builder."""
+        lines = [f"- {f.check}: {f.detail}" for f in self.failures()]
+        if self.review and self.review.get("findings"):
+            lines += [f"- review: {x}" for x in self.review["findings"]]
+        return "\n".join(lines) or "no findings"
+
+
+# ---------------------------------------------------------------- scripted policies
+def run_actions(session: EnvSession, seed: int, policy) -> tuple[dict, list]:
+    """One episode with `policy(obs, turn, rng) -> action`; returns (reward dict, transcript)."""
+    session.new_episode()
+    obs = session.call("reset", seed)
+    rng = random.Random(seed * 7919 + 1)
+    transcript = [{"role": "system", "content": obs["system_prompt"]}, *obs["messages"]]
+    done, turn = False, 0
+    while not done and turn < 50:
+        action = policy(obs, turn, rng)
+        out = session.call("step", action)
+        transcript.append({"role": "assistant", **action})
+        transcript += out["messages"]
+        done, turn = out["done"], turn + 1
+    return session.call("reward"), transcript
+
+
+def do_nothing(obs, turn, rng):
+    return {"content": "Hello! How can I help you?"}
+
+
+def refuse(obs, turn, rng):
+    return {"content": "I'm sorry, I cannot help with that request and I am unable to do it."}
+
+
+def parrot(obs, turn, rng):
+    """Echo the prompt back: scores high only if the answer is written in the prompt."""
+    return {"content": obs["system_prompt"] + "\n" + "\n".join(str(m.get("content")) for m in obs["messages"])}
+
+
+def random_tools(obs, turn, rng):
+    if turn >= 6:
+        return {"content": "Done."}
+    tool = rng.choice(obs["tools"])["function"]
+    props = (tool.get("parameters") or {}).get("properties", {})
+    args = {k: rng.choice(["x", "1", "ABC123", "yes", "none"]) for k in props}
+    return {"tool_calls": [{"id": f"r{turn}", "name": tool["name"], "arguments": args}]}
+
+
+def solver(session: EnvSession):
+    """The env's reference solution, fetched after reset (it depends on the instance)."""
+    actions: list = []
+
+    def policy(obs, turn, rng):
+        if turn == 0:
+            actions[:] = session.call("solve")
+        return actions[turn] if turn < len(actions) else {"content": "Done."}
+    return policy
+
+
+TRIVIAL = {"do_nothing": do_nothing, "refuse": refuse, "random_tools": random_tools}
+
+
+# ---------------------------------------------------------------- automatic checks
+def _schema_findings(tools: list[dict], target_tools: list[dict], cfg: VerifyConfig) -> Finding:
+    target = {t["function"]["name"]: t["function"] for t in target_tools}
+    problems = []
+    for t in tools:
+        fn = t.get("function", {})
+        name = fn.get("name")
+        if name not in target:
+            problems.append(f"tool {name!r} is not one of the target's tools")
+        elif fn.get("parameters") != target[name].get("parameters"):
+            problems.append(f"tool {name!r} parameters differ from the target's: "
+                            f"{json.dumps(fn.get('parameters'))[:300]} vs {json.dumps(target[name].get('parameters'))[:300]}")
+    if not 1 <= len(tools) <= cfg.max_tools:
+        problems.append(f"{len(tools)} tools; implement 1-{cfg.max_tools} (3-5 is typical)")
+    return Finding("tool_schemas", not problems, "; ".join(problems) or f"{len(tools)} tools match the target's schemas",
+                   {"tools": [t.get("function", {}).get("name") for t in tools]})
+
+
+def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = VerifyConfig(),
+                     limits: SessionLimits = SessionLimits()) -> tuple[list[Finding], dict]:
+    """Run every automatic check in a sandbox; returns (findings, sample transcripts)."""
+    findings: list[Finding] = []
+    samples: dict = {}
+    with EnvSession(limits) as s:
+        try:
+            s.load(code)
+            first = s.call("reset", 0)
+            assert isinstance(first, dict), "reset() must return a dict"
+            missing = {"system_prompt", "tools", "messages"} - set(first)
+            assert not missing, f"reset() result lacks {sorted(missing)}"
+            assert isinstance(first["tools"], list) and first["tools"], "tools must be a non-empty list"
+            assert first["messages"] and first["messages"][0].get("role") == "user", "messages must start with a user turn"
+            actions = s.call("solve")
+            assert isinstance(actions, list) and actions, "solve() must return a non-empty list of actions"
+        except (SandboxError, AssertionError) as err:
+            return [Finding("contract", False, str(err)[:1500])], samples
+        findings.append(Finding("contract", True, "loads; reset/step/reward/solve answer"))
+        findings.append(_schema_findings(first["tools"], target_tools, cfg))
+
+        def episode(seed, policy):
+            try:
+                return run_actions(s, seed, policy)
+            except SandboxError as err:
+                if err.kind != "env_error":
+                    raise
+                return {"reward": 0.0, "error": str(err)[:300]}, []
+
+        # determinism: same seed -> same instance, same solver reward and transcript
+        nondet = []
+        for seed in range(cfg.determinism_seeds):
+            a = (s.call("reset", seed), episode(seed, solver(s)))
+            b = (s.call("reset", seed), episode(seed, solver(s)))
+            if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+                nondet.append(seed)
+        findings.append(Finding("determinism", not nondet, f"seeds {nondet} differ between two runs" if nondet
+                                else f"{cfg.determinism_seeds} seeds reproduce exactly"))
+
+        seeds = list(range(cfg.seeds))
+        firsts = []
+        solved = []
+        for seed in seeds:
+            obs = s.call("reset", seed)
+            firsts.append(json.dumps(obs["messages"], sort_keys=True))
+            r, tr = episode(seed, solver(s))
+            solved.append(float(r["reward"]))
+            if seed == 0:
+                samples["solver"] = tr
+        frac = sum(x >= cfg.solver_min_reward for x in solved) / len(seeds)
+        findings.append(Finding("reference_solver", frac >= cfg.solver_min_fraction,
+                                f"reference solver reaches {cfg.solver_min_reward} on {frac:.0%} of seeds "
+                                f"(need {cfg.solver_min_fraction:.0%})", {"mean": statistics.fmean(solved)}))
+        distinct = len(set(firsts)) / len(seeds)
+        findings.append(Finding("instance_variety", distinct >= cfg.min_distinct_fraction,
+                                f"{distinct:.0%} of seeds give a distinct task (need {cfg.min_distinct_fraction:.0%})"))
+        for name, pol in {**TRIVIAL, "parrot": parrot}.items():
+            rewards = []
+            for seed in seeds:
+                r, tr = episode(seed, pol)
+                rewards.append(float(r["reward"]))
+                if seed == 0:
+                    samples[name] = tr
+            mean = statistics.fmean(rewards)
+            check = "answer_leak" if name == "parrot" else f"trivial_{name}"
+            detail = (f"echoing the prompt back scores {mean:.2f} on average: the answer is in the prompt"
+                      if name == "parrot" else f"policy '{name}' scores {mean:.2f} on average")
+            findings.append(Finding(check, mean <= cfg.trivial_max_mean, detail + f" (max {cfg.trivial_max_mean})",
+                                    {"mean": mean}))
+        rewards_all = solved + [f.figures.get("mean", 0) for f in findings if f.check.startswith("trivial_")]
+        findings.append(Finding("reward_varies", statistics.pstdev(rewards_all) > 0.01,
+                                "rewards differ between policies and seeds" if statistics.pstdev(rewards_all) > 0.01
+                                else "reward is the same whatever the agent does"))
+    return findings, samples
+
+
+# ---------------------------------------------------------------- LLM review
+class Review(BaseModel):
+    verdict: str = Field(description="'pass' or 'fail'")
+    findings: list[str] = Field(default_factory=list, description="concrete problems: reward hacks, answer leaks")
+
+
+def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
+    episodes = "\n\n".join(f"## episode with policy '{k}'\n" + "\n".join(
+        f"[{m['role']}] {str(m.get('content') or m.get('tool_calls'))[:400]}" for m in v[1:12])
+        for k, v in samples.items())
+    msgs = [{"role": "system", "content": prompts.load("verifier_review")},
+            {"role": "user", "content": f"# capability\n{capability['name']}: {capability['description']}\n\n"
+                                        f"# environment code\n```python\n{code}\n```\n\n# sample episodes\n{episodes}"}]
+    review = llm.structured(msgs, Review)
+    return {"verdict": review.verdict.strip().lower(), "findings": review.findings}
+
+
+# ---------------------------------------------------------------- calibration
+def group_stats(groups: list[list[float]], cfg: VerifyConfig) -> dict:
+    """The method's acceptance figures over groups of rewards (one group per seed)."""
+    flat = [r for g in groups for r in g]
+    n = len(groups) or 1
+    const = sum(max(g) - min(g) < 1e-9 for g in groups) / n
+    stats = {
+        "mean_reward": statistics.fmean(flat) if flat else 0.0,
+        "success_rate": sum(r >= 0.99 for r in flat) / len(flat) if flat else 0.0,
+        "reward_std": statistics.pstdev(flat) if len(flat) > 1 else 0.0,
+        "all_success_groups": sum(min(g) >= 0.99 for g in groups) / n,
+        "all_zero_groups": sum(max(g) <= 1e-9 for g in groups) / n,
+        "constant_groups": const,
+        "informative_groups": 1 - const,
+    }
+    lo, hi = cfg.band
+    checks = {
+        "mean_reward": lo <= stats["mean_reward"] <= hi, "success_rate": lo <= stats["success_rate"] <= hi,
+        "reward_std": stats["reward_std"] >= cfg.min_reward_std,
+        "all_success_groups": stats["all_success_groups"] <= cfg.max_all_success_groups,
+        "all_zero_groups": stats["all_zero_groups"] <= cfg.max_all_zero_groups,
+        "constant_groups": stats["constant_groups"] <= cfg.max_constant_groups,
+        "informative_groups": stats["informative_groups"] >= cfg.min_informative_groups,
+    }
+    return {**stats, "checks": checks, "accepted": all(checks.values())}
+
+
+def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2, progress: bool = True) -> dict:
+    """Roll out the base model: calib_seeds x calib_samples episodes at calib_temperature."""
+    from trace_rl.agents.base_agent import run_episode
+    from trace_rl.evals.synthetic import SyntheticEpisode
+    from trace_rl.sandbox.session import SessionPool
+
+    groups = []
+    with SessionPool(code, size=pool_size) as pool:
+        for seed in range(cfg.calib_seeds):
+            group = []
+            for k in range(cfg.calib_samples):
+                s = pool.acquire()
+                try:
+                    t = run_episode(policy, SyntheticEpisode(s, seed), task_id=str(seed), benchmark="synthetic",
+                                    trial=k, temperature=cfg.calib_temperature)
+                    group.append(t.reward)
+                finally:
+                    pool.release(s)
+            groups.append(group)
+    return {**group_stats(groups, cfg), "groups": groups}
+
+
+def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyConfig = VerifyConfig(),
+           reviewer=None, base_policy=None) -> VerifierReport:
+    """Automatic checks; then (if they pass) the LLM review; then (if given) calibration."""
+    findings, samples = automatic_checks(code, target_tools, cfg)
+    report = VerifierReport(findings)
+    if report.passed and reviewer is not None:
+        report.review = llm_review(reviewer, code, capability, samples)
+        ok = report.review["verdict"].startswith("pass")
+        report.findings.append(Finding("llm_review", ok, "; ".join(report.review["findings"]) or report.review["verdict"]))
+    if report.passed and base_policy is not None:
+        report.calibration = calibrate(code, base_policy, cfg)
+        c = report.calibration
+        bad = [k for k, ok in c["checks"].items() if not ok]
+        report.findings.append(Finding("calibration", c["accepted"],
+                                       f"base model: mean reward {c['mean_reward']:.2f}, success {c['success_rate']:.2f}"
+                                       + (f"; outside bounds: {', '.join(bad)}" if bad else ""),
+                                       {k: v for k, v in c.items() if k != "groups"}))
+    return report
