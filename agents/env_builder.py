@@ -1,0 +1,131 @@
+"""Env-builder agent and the synthesis loop: write -> verify -> (findings back) -> rewrite.
+
+The builder LLM gets the capability (name, description, example failed trajectories), the
+target's tool schemas, policy and message format, the environment contract and a worked
+reference environment, and answers with one Python module. The code is parsed here (never
+executed on the host) and then run only inside the sandbox by the verifier. Every attempt
+is kept: env.py, verifier_report.json (with calibration figures when run).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, field_validator
+
+from trace_rl import prompts
+from trace_rl.agents.verifier import VerifierReport, VerifyConfig, verify
+from trace_rl.evals.rollout import atomic_write_json
+
+
+class EnvDraft(BaseModel):
+    code: str
+
+    @field_validator("code")
+    @classmethod
+    def _valid_module(cls, code: str) -> str:
+        try:
+            tree = ast.parse(code)  # parsing only; the code runs nowhere but the sandbox
+        except SyntaxError as err:
+            raise ValueError(f"the code does not parse: line {err.lineno}: {err.msg}") from None
+        if not any(isinstance(n, ast.ClassDef) and n.name == "Env" for n in tree.body):
+            raise ValueError("the module must define `class Env(Environment)` at top level")
+        banned = {"tau2", "requests", "socket", "subprocess"}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.split(".")[0] in banned:
+                    raise ValueError(f"do not import {name}: the environment must be standalone (stdlib only)")
+        return code
+
+
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
+
+
+def parse_draft(text: str) -> EnvDraft:
+    blocks = _FENCE.findall(text)
+    code = max(blocks, key=len) if blocks else text
+    return EnvDraft(code=code.strip() + "\n")
+
+
+def reference_example() -> str:
+    return (resources.files("trace_rl.sandbox") / "envs" / "precondition_verification_airline.py").read_text()
+
+
+def contract_source() -> str:
+    return (resources.files("trace_rl.sandbox") / "image" / "trace_env.py").read_text()
+
+
+@dataclass
+class Target:
+    """What the environment must imitate."""
+    name: str
+    tools: list[dict]
+    policy: str
+    system_prompt_format: str  # how the target frames its system prompt
+
+
+def build_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,
+                   previous: str | None) -> list[dict]:
+    tools = json.dumps(target.tools, indent=1)
+    user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
+            f"# Failed trajectories that show the gap\n" + "\n\n".join(examples)[:6000] +
+            f"\n\n# Target benchmark: {target.name}\n## Its tool schemas (copy the ones you use exactly)\n{tools[:12000]}"
+            f"\n\n## Its policy (excerpt)\n{target.policy[:4000]}\n\n## Its system prompt format\n"
+            f"{target.system_prompt_format[:1500]}")
+    if previous is not None:
+        user += f"\n\n# Your previous attempt\n```python\n{previous}\n```\n# Verifier findings to fix\n{feedback}"
+    system = prompts.load("env_builder", contract=contract_source(), example=reference_example())
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def write_env(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
+              attempts: int = 3) -> EnvDraft:
+    msgs = build_messages(capability, target, examples, feedback, previous)
+    last = ""
+    for _ in range(attempts):
+        reply = llm.chat(msgs)
+        try:
+            return parse_draft(reply.content)
+        except ValueError as err:
+            last = str(err)
+            msgs = msgs + [{"role": "assistant", "content": reply.content},
+                           {"role": "user", "content": f"That module is not valid: {last}. Send the whole corrected module."}]
+    raise ValueError(f"env-builder produced no valid module after {attempts} tries: {last}")
+
+
+def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, examples: list[str] = (),
+               reviewer=None, base_policy=None, cfg: VerifyConfig = VerifyConfig(), max_rounds: int = 5,
+               log=print) -> dict:
+    """Build and verify until the environment passes or `max_rounds` are spent.
+
+    Returns {"status": "verified" | "needs_human", "rounds": n, "env": path-or-None}."""
+    out = Path(out_dir)
+    feedback = previous = None
+    for rnd in range(1, max_rounds + 1):
+        adir = out / f"attempt_{rnd:02d}"
+        adir.mkdir(parents=True, exist_ok=True)
+        try:
+            draft = write_env(builder, capability, target, list(examples), feedback, previous)
+        except ValueError as err:
+            atomic_write_json(adir / "verifier_report.json", {"passed": False, "builder_error": str(err)})
+            feedback, previous = str(err), previous
+            log(f"round {rnd}: builder failed: {err}")
+            continue
+        (adir / "env.py").write_text(draft.code)
+        report: VerifierReport = verify(draft.code, target.tools, capability, cfg, reviewer, base_policy)
+        atomic_write_json(adir / "verifier_report.json", report.to_dict())
+        log(f"round {rnd}: {'passed' if report.passed else 'failed: ' + ', '.join(f.check for f in report.failures())}")
+        if report.passed:
+            result = {"status": "verified", "rounds": rnd, "env": str(adir / "env.py")}
+            atomic_write_json(out / "result.json", result)
+            return result
+        feedback, previous = report.feedback(), draft.code
+    result = {"status": "needs_human", "rounds": max_rounds, "env": None, "last_findings": feedback}
+    atomic_write_json(out / "result.json", result)
+    return result
