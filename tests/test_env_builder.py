@@ -1,0 +1,55 @@
+import json
+
+import pytest
+
+from doubles import ScriptedLLM
+from trace_rl.agents.env_builder import EnvDraft, Target, parse_draft, reference_example, synthesize
+from trace_rl.agents.verifier import VerifyConfig
+
+
+def test_draft_validation_parses_but_never_runs():
+    assert parse_draft("```python\nclass Env:\n    pass\n```").code.startswith("class Env")
+    with pytest.raises(ValueError, match="does not parse"):
+        EnvDraft(code="class Env(:\n")
+    with pytest.raises(ValueError, match="class Env"):
+        EnvDraft(code="x = 1\n")
+    with pytest.raises(ValueError, match="do not import tau2"):
+        EnvDraft(code="import tau2\nclass Env: pass\n")
+    # a module that would delete files on import is only parsed here
+    EnvDraft(code="import shutil\nshutil.rmtree('/')\nclass Env: pass\n")
+
+
+@pytest.mark.docker
+@pytest.mark.ci
+@pytest.mark.slow
+def test_synthesis_loop_feeds_findings_back(tmp_path, sandbox_image):
+    """Round 1 is broken (reward always 1), round 2 is the reference env: verified in 2 rounds."""
+    from trace_rl.evals.benchmark import load_benchmark
+
+    b = load_benchmark("tau2:airline")
+    ep = b.episode(b.tasks("test")[0].id, with_user=False)
+    target = Target("tau2:airline", ep.tools, ep.env.get_policy(), ep.system_prompt[:500])
+    good = reference_example()
+    broken = good.replace("    def score(self):\n",
+                          "    def score(self):\n        return {'components': {'a': 1.0}, 'weights': {'a': 1.0}}\n", 1)
+    builder = ScriptedLLM([f"```python\n{broken}```", f"```python\n{good}```"])
+    cap = {"name": "precondition_verification", "description": "Checks rules before acting. Matters."}
+    result = synthesize(cap, target, builder, tmp_path, cfg=VerifyConfig(seeds=12, determinism_seeds=2),
+                        log=lambda *a: None)
+    assert result["status"] == "verified" and result["rounds"] == 2
+    r1 = json.loads((tmp_path / "attempt_01" / "verifier_report.json").read_text())
+    assert not r1["passed"] and any(f["check"] == "trivial_do_nothing" and not f["passed"] for f in r1["findings"])
+    assert "trivial_do_nothing" in builder.requests[1][-1]["content"]  # findings went back to the builder
+    assert (tmp_path / "attempt_02" / "env.py").read_text() == good.strip() + "\n"
+
+
+@pytest.mark.docker
+@pytest.mark.ci
+@pytest.mark.slow
+def test_synthesis_gives_up_to_a_human(tmp_path, sandbox_image):
+    builder = ScriptedLLM(["```python\nclass Env:\n    pass\n```"] * 2)
+    target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
+    result = synthesize({"name": "x_y", "description": "d."}, target, builder, tmp_path, max_rounds=2,
+                        log=lambda *a: None)
+    assert result["status"] == "needs_human" and "contract" in result["last_findings"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_01", "attempt_02", "result.json"]
