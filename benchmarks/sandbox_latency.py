@@ -1,0 +1,73 @@
+"""Sandboxed vs in-process environment: warm step latency and episode throughput.
+
+Runs the reference environment's solver episodes both ways, side by side, and prints a
+table. Target: warm per-step overhead of the sandbox under 5 ms.
+    .venv/bin/python benchmarks/sandbox_latency.py [--episodes 200]
+"""
+import argparse
+import statistics
+import sys
+import time
+from importlib import resources
+
+from rich.console import Console
+from rich.table import Table
+
+from trace_rl.sandbox.session import EnvSession
+
+
+def in_process_env(code: str):
+    """Trusted, hand-written reference code only: the baseline of the comparison."""
+    sys.path.insert(0, str(resources.files("trace_rl.sandbox") / "image"))
+    ns: dict = {"__name__": "bench_env"}
+    exec(compile(code, "env.py", "exec"), ns)
+    return ns["Env"]()
+
+
+class Local:
+    def __init__(self, env):
+        self.env = env
+
+    def call(self, method, *args):
+        return getattr(self.env, method)(*args)
+
+
+def episodes(target, n: int) -> tuple[list[float], float]:
+    steps, t0 = [], time.perf_counter()
+    for seed in range(n):
+        target.call("reset", seed)
+        for action in target.call("solve"):
+            t = time.perf_counter()
+            out = target.call("step", action)
+            steps.append(time.perf_counter() - t)
+            if out["done"]:
+                break
+        target.call("reward")
+    return steps, time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--episodes", type=int, default=200)
+    args = ap.parse_args()
+    code = (resources.files("trace_rl.sandbox") / "envs" / "precondition_verification_airline.py").read_text()
+    t = time.perf_counter()
+    session = EnvSession()
+    session.load(code)
+    cold = time.perf_counter() - t
+    episodes(session, 5)  # warm-up
+    rows = {}
+    rows["in-process"] = episodes(Local(in_process_env(code)), args.episodes)
+    rows["sandbox (warm session)"] = episodes(session, args.episodes)
+    session.close()
+    table = Table("backend", "step p50 (ms)", "step p95 (ms)", "episodes/s", title=f"{args.episodes} solver episodes")
+    for name, (steps, wall) in rows.items():
+        q = statistics.quantiles(steps, n=20)
+        table.add_row(name, f"{statistics.median(steps) * 1e3:.3f}", f"{q[18] * 1e3:.3f}", f"{args.episodes / wall:.1f}")
+    Console().print(table)
+    over = statistics.median(rows["sandbox (warm session)"][0]) - statistics.median(rows["in-process"][0])
+    Console().print(f"warm per-step overhead: {over * 1e3:.2f} ms (target < 5 ms); cold session start {cold:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
