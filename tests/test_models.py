@@ -38,3 +38,19 @@ def test_corrupt_model_is_refused_and_rebuilt(tmp_path, monkeypatch):
     path = models.gguf_path(m.name)  # rebuilt from the chunk package, never the bad bytes
     assert path == dst and models.sha256_file(path) == m.sha256
     assert not list(dst.parent.glob(".fetch-*"))  # no temp dirs left behind
+
+
+@pytest.mark.ci
+@pytest.mark.slow
+def test_hf_checkpoint_from_gguf_generates():
+    """The GGUF de-quantised into a plain transformers checkpoint answers a real question."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = models.hf_checkpoint("smollm2-135m")
+    assert (path / ".complete").is_file() and models.hf_checkpoint("smollm2-135m") == path
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "paris" in tok.decode(out[0, ids.shape[1]:]).lower()

@@ -229,9 +229,13 @@ def hf_checkpoint(name_or_path: str) -> Path:
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(loaded.state_dict(), strict=False)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     if getattr(config, "tie_word_embeddings", False):
         plain.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ModelError(f"GGUF -> transformers conversion of {gguf.name} lost weights: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     plain.save_pretrained(tmp)
