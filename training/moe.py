@@ -1,0 +1,216 @@
+"""Mixture of LoRA experts with a learned token-level top-1 router (TRACE §5).
+
+The base model is loaded once; every adapted Linear carries all n adapters. Each decoder
+layer has a gate `Linear(hidden, 1 + n)`: slot 0 is the base model (bias 5.0, so routing
+starts at "no adapter"), slots 1..n the adapters. Per token: k = argmax of the gate,
+g = softmax(gate)[k], and  y = W x + g · B_k A_k x  (nothing added for k = 0).
+The routed low-rank update is one fused computation over all experts (x A_cat^T, masked
+per token, then B_cat), not a loop over tokens or experts.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BASE_BIAS = 5.0
+
+
+@dataclass
+class Adapter:
+    """One LoRA adapter as plain tensors: {module path: (A [r, in], B [out, r])}, scaling = alpha / r."""
+    name: str
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    scaling: float
+
+    @classmethod
+    def from_peft(cls, name: str, peft_model) -> "Adapter":
+        """Read the active adapter of a peft model (LoRA on Linear layers)."""
+        weights, scaling = {}, None
+        for path, mod in peft_model.named_modules():
+            if hasattr(mod, "lora_A") and name in getattr(mod, "lora_A", {}):
+                base_path = path.replace("base_model.model.", "", 1)
+                weights[base_path] = (mod.lora_A[name].weight.detach().clone(), mod.lora_B[name].weight.detach().clone())
+                scaling = mod.scaling[name]
+        if not weights:
+            raise ValueError(f"adapter {name!r} has no LoRA Linear layers in this model")
+        return cls(name, weights, float(scaling))
+
+
+class Routing:
+    """Per-layer routing decisions, shared by the gate and that layer's Linears."""
+
+    def __init__(self):
+        self.route: torch.Tensor | None = None  # [batch, seq] long, 0 = base
+        self.gate: torch.Tensor | None = None  # [batch, seq] g of the chosen slot
+        self.probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
+        self.force: int | None = None  # force every token to one slot (tests, single-adapter eval)
+
+
+class RoutedLoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, As: list[torch.Tensor], Bs: list[torch.Tensor], scaling: list[float],
+                 routing: Routing):
+        super().__init__()
+        self.base, self.routing = base, routing
+        self.n, self.r = len(As), As[0].shape[0]
+        dev, dt = base.weight.device, base.weight.dtype
+        # Fold each adapter's scaling into its B; stack: A_cat [n*r, in], B_cat [out, n*r]
+        self.register_buffer("A_cat", torch.cat(As, 0).to(dev, dt))
+        self.register_buffer("B_cat", torch.cat([B * s for B, s in zip(Bs, scaling)], 1).to(dev, dt))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        route = self.routing.route
+        if route is None:
+            return y
+        sel = F.one_hot(route, self.n + 1)[..., 1:].to(x.dtype) * self.routing.gate.unsqueeze(-1)  # [b, s, n]
+        if not sel.any():  # every token on the base: skip the low-rank work
+            return y
+        h = (x @ self.A_cat.T) * sel.repeat_interleave(self.r, dim=-1)
+        return y + h @ self.B_cat.T
+
+
+class LayerGate(nn.Module):
+    def __init__(self, hidden: int, n: int, routing: Routing):
+        super().__init__()
+        self.proj = nn.Linear(hidden, 1 + n)
+        nn.init.zeros_(self.proj.weight)
+        with torch.no_grad():
+            self.proj.bias.zero_()
+            self.proj.bias[0] = BASE_BIAS
+        self.routing = routing
+
+    def decide(self, hidden: torch.Tensor) -> None:
+        logits = self.proj(hidden.to(self.proj.weight.dtype))
+        probs = logits.softmax(-1)
+        if self.routing.force is not None:
+            route = torch.full(hidden.shape[:-1], self.routing.force, dtype=torch.long, device=hidden.device)
+            gate = torch.ones(hidden.shape[:-1], dtype=hidden.dtype, device=hidden.device)
+        else:
+            route = probs.argmax(-1)
+            gate = probs.gather(-1, route.unsqueeze(-1)).squeeze(-1).to(hidden.dtype)  # multiplicative gating
+        self.routing.route, self.routing.gate, self.routing.probs = route, gate, probs
+
+
+def _decoder_layers(model) -> nn.ModuleList:
+    for path in ("model.layers", "model.model.layers", "transformer.h"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return obj
+        except AttributeError:
+            continue
+    raise ValueError("cannot find the decoder layers of this model")
+
+
+class LoRAMoE(nn.Module):
+    """A frozen base with n LoRA experts and one trainable gate per decoder layer."""
+
+    def __init__(self, model, adapters: list[Adapter]):
+        super().__init__()
+        if not adapters:
+            raise ValueError("LoRAMoE needs at least one adapter")
+        self.model, self.adapters = model, adapters
+        for p in model.parameters():
+            p.requires_grad_(False)
+        layers = _decoder_layers(model)
+        hidden = model.config.hidden_size
+        self.gates = nn.ModuleList()
+        self.routings: list[Routing] = []
+        layer_paths = {id(l): i for i, l in enumerate(layers)}
+        modules = dict(model.named_modules())
+        targets = set(adapters[0].weights)
+        for a in adapters[1:]:
+            if set(a.weights) != targets:
+                raise ValueError(f"adapter {a.name} targets other modules than {adapters[0].name}")
+        prefix = {i: name for name, m in modules.items() if id(m) in layer_paths for i in [layer_paths[id(m)]]}
+        for i, layer in enumerate(layers):
+            routing = Routing()
+            gate = LayerGate(hidden, len(adapters), routing).to(next(model.parameters()).device)
+            self.gates.append(gate)
+            self.routings.append(routing)
+            layer.register_forward_pre_hook(self._pre_hook(gate), with_kwargs=True)
+            for path in [p for p in targets if p.startswith(prefix[i] + ".")]:
+                parent_path, attr = path.rsplit(".", 1)
+                parent = modules[parent_path]
+                base = getattr(parent, attr)
+                setattr(parent, attr, RoutedLoRALinear(base, [a.weights[path][0] for a in adapters],
+                                                       [a.weights[path][1] for a in adapters],
+                                                       [a.scaling for a in adapters], routing))
+
+    @staticmethod
+    def _pre_hook(gate: LayerGate):
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            gate.decide(hidden)
+        return hook
+
+    def force(self, slot: int | None) -> None:
+        """Route every token to `slot` (0 = base, k = adapter k), or None for learned routing."""
+        for r in self.routings:
+            r.force = slot
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def load_balance_loss(self) -> torch.Tensor:
+        """Switch-style: (1 + n) · Σ_i f_i · P_i, averaged over layers."""
+        losses = []
+        for r in self.routings:
+            if r.probs is None:
+                continue
+            n1 = r.probs.shape[-1]
+            f = F.one_hot(r.route, n1).float().mean(dim=tuple(range(r.route.dim())))
+            p = r.probs.float().mean(dim=tuple(range(r.probs.dim() - 1)))
+            losses.append(n1 * (f * p).sum())
+        return torch.stack(losses).mean()
+
+    def routing_fractions(self) -> list[float]:
+        counts = sum(F.one_hot(r.route, len(self.adapters) + 1).float().flatten(0, -2).sum(0)
+                     for r in self.routings if r.route is not None)
+        return (counts / counts.sum()).tolist()
+
+    def gate_parameters(self):
+        return self.gates.parameters()
+
+    def save(self, path: str | Path) -> None:
+        """One artefact: adapters + gates + manifest."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save({"gates": self.gates.state_dict(),
+                    "adapters": [{"name": a.name, "scaling": a.scaling, "weights": a.weights} for a in self.adapters]},
+                   path / "moe.pt")
+        (path / "manifest.json").write_text(json.dumps({
+            "adapters": [a.name for a in self.adapters], "n_layers": len(self.gates),
+            "targets": sorted(self.adapters[0].weights), "base_bias": BASE_BIAS,
+            "gate_parameters": sum(p.numel() for p in self.gates.parameters())}, indent=2))
+
+    @classmethod
+    def load(cls, model, path: str | Path) -> "LoRAMoE":
+        blob = torch.load(Path(path) / "moe.pt", weights_only=False)
+        moe = cls(model, [Adapter(a["name"], a["weights"], a["scaling"]) for a in blob["adapters"]])
+        moe.gates.load_state_dict(blob["gates"])
+        return moe
+
+
+def train_gates(moe: LoRAMoE, batches, epochs: int = 3, lr: float = 5e-4, weight_decay: float = 0.01,
+                lb_weight: float = 1e-3) -> list[float]:
+    """Gate training on successful rollouts: token cross-entropy + λ · load balance.
+    `batches`: iterable of dicts with input_ids, attention_mask, labels (-100 = not trained)."""
+    opt = torch.optim.AdamW(moe.gate_parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    moe.force(None)
+    for _ in range(epochs):
+        for batch in batches:
+            out = moe(**batch)
+            loss = out.loss + lb_weight * moe.load_balance_loss()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    return losses
