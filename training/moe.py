@@ -49,6 +49,8 @@ class Routing:
         self.gate: torch.Tensor | None = None  # [batch, seq] g of the chosen slot
         self.probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
         self.force: int | None = None  # force every token to one slot (tests, single-adapter eval)
+        self.mask: torch.Tensor | None = None  # [batch, seq, n * r]: g on the chosen expert's rank slots
+        self.rank: int = 0
 
 
 class RoutedLoRALinear(nn.Module):
@@ -64,14 +66,10 @@ class RoutedLoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        route = self.routing.route
-        if route is None:
+        if self.routing.mask is None:
             return y
-        sel = F.one_hot(route, self.n + 1)[..., 1:].to(x.dtype) * self.routing.gate.unsqueeze(-1)  # [b, s, n]
-        if not sel.any():  # every token on the base: skip the low-rank work
-            return y
-        h = (x @ self.A_cat.T) * sel.repeat_interleave(self.r, dim=-1)
-        return y + h @ self.B_cat.T
+        # no data-dependent branch (a .any() here would sync GPU->CPU 4x per layer per token)
+        return y + ((x @ self.A_cat.T) * self.routing.mask.to(x.dtype)) @ self.B_cat.T
 
 
 class LayerGate(nn.Module):
@@ -94,6 +92,9 @@ class LayerGate(nn.Module):
             route = probs.argmax(-1)
             gate = probs.gather(-1, route.unsqueeze(-1)).squeeze(-1).to(hidden.dtype)  # multiplicative gating
         self.routing.route, self.routing.gate, self.routing.probs = route, gate, probs
+        n = logits.shape[-1] - 1
+        sel = F.one_hot(route, n + 1)[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
+        self.routing.mask = sel.repeat_interleave(self.routing.rank, dim=-1)  # shared by the layer's Linears
 
 
 def _decoder_layers(model) -> nn.ModuleList:
@@ -125,12 +126,16 @@ class LoRAMoE(nn.Module):
         layer_paths = {id(l): i for i, l in enumerate(layers)}
         modules = dict(model.named_modules())
         targets = set(adapters[0].weights)
+        ranks = {A.shape[0] for a in adapters for A, _ in a.weights.values()}
         for a in adapters[1:]:
             if set(a.weights) != targets:
                 raise ValueError(f"adapter {a.name} targets other modules than {adapters[0].name}")
+        if len(ranks) != 1:
+            raise ValueError(f"adapters must share one LoRA rank to be fused; got ranks {sorted(ranks)}")
         prefix = {i: name for name, m in modules.items() if id(m) in layer_paths for i in [layer_paths[id(m)]]}
         for i, layer in enumerate(layers):
             routing = Routing()
+            routing.rank = next(iter(ranks))
             gate = LayerGate(hidden, len(adapters), routing).to(next(model.parameters()).device)
             self.gates.append(gate)
             self.routings.append(routing)
