@@ -7,9 +7,25 @@ Messages are OpenAI chat format throughout; an agent's action is one assistant t
 """
 from __future__ import annotations
 
+import json
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+
+def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | None]]:
+    """OpenAI tool calls -> (id, name, arguments); arguments is None when not a JSON object,
+    so each adapter can report a malformed call in its own benchmark's terms."""
+    out = []
+    for tc in tool_calls:
+        fn = tc["function"]
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            args = None
+        out.append((tc.get("id") or f"call_{uuid.uuid4().hex[:12]}", fn["name"], args if isinstance(args, dict) else None))
+    return out
 
 
 @dataclass

@@ -2,9 +2,7 @@
 so the base agent, calibration and GRPO roll it out exactly like a real benchmark."""
 from __future__ import annotations
 
-import json
-
-from trace_rl.evals.benchmark import Episode, Observation, Score
+from trace_rl.evals.benchmark import Episode, Observation, Score, decode_tool_calls
 from trace_rl.sandbox.session import EnvSession
 
 
@@ -12,15 +10,9 @@ def to_env_action(content: str, tool_calls: list[dict]) -> dict:
     """OpenAI assistant turn -> the contract's action."""
     if not tool_calls:
         return {"content": content}
-    calls = []
-    for tc in tool_calls:
-        fn = tc["function"]
-        try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except ValueError:
-            args = {"__malformed__": fn.get("arguments")}
-        calls.append({"id": tc.get("id", ""), "name": fn["name"], "arguments": args})
-    return {"tool_calls": calls}
+    # a malformed call keeps a non-object marker, which the env reports as a tool error
+    return {"tool_calls": [{"id": i, "name": n, "arguments": a if a is not None else "<malformed arguments>"}
+                           for i, n, a in decode_tool_calls(tool_calls)]}
 
 
 class SyntheticEpisode(Episode):

@@ -17,7 +17,8 @@ from functools import lru_cache
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from trace_rl.evals.benchmark import Benchmark, BenchmarkError, Episode, Observation, Score, Task, register
+from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, Episode, Observation, Score, Task,
+                                     decode_tool_calls, register)
 
 DOMAINS = ("airline", "retail", "telecom")
 SOLO_DOMAINS = ("telecom",)
@@ -150,25 +151,18 @@ class Tau2Episode(Episode):
     def step(self, content: str, tool_calls: list[dict]) -> Observation:
         from tau2.data_model.message import AssistantMessage, ToolCall
 
-        calls = []
-        for tc in tool_calls:
-            fn = tc["function"]
-            try:
-                args = json.loads(fn.get("arguments") or "{}")
-            except ValueError:
-                args = None
-            calls.append((tc.get("id") or f"call_{uuid.uuid4().hex[:12]}", fn["name"], args))
+        calls = decode_tool_calls(tool_calls)
         if self.solo and any(name == STOP_TOOL for _, name, _ in calls):
             self.trajectory.append(AssistantMessage(role="assistant", content=STOP_TOKEN, timestamp=_now()))
             return Observation([], done=True, reason="agent_stop")
         if calls:
             msg = AssistantMessage(role="assistant", content=None, timestamp=_now(), tool_calls=[
-                ToolCall(id=i, name=n, arguments=a if isinstance(a, dict) else {}, requestor="assistant")
+                ToolCall(id=i, name=n, arguments=a or {}, requestor="assistant")
                 for i, n, a in calls])
             self.trajectory.append(msg)
             out = []
             for (call_id, name, args), tc in zip(calls, msg.tool_calls):
-                if args is None or not isinstance(args, dict):
+                if args is None:
                     from tau2.data_model.message import ToolMessage
 
                     result = ToolMessage(id=call_id, role="tool", requestor="assistant", error=True,

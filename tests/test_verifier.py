@@ -74,3 +74,35 @@ def test_group_stats_thresholds():
     assert good["accepted"] and good["constant_groups"] == 0
     bad = group_stats([[1, 1, 1, 1]] * 3 + [[0, 1, 0, 1]], cfg)
     assert not bad["accepted"] and not bad["checks"]["all_success_groups"]
+
+
+def test_synthetic_episode_runs_the_base_agent_loop(sandbox_image):
+    """The sandboxed env behind the Episode protocol: a scripted agent replays the solver."""
+    import json as _json
+
+    from doubles import ScriptedLLM
+    from trace_rl.agents.base_agent import run_episode
+    from trace_rl.agents.llm import Reply, ToolCall
+    from trace_rl.evals.synthetic import SyntheticEpisode
+    from trace_rl.sandbox.session import EnvSession
+
+    with EnvSession() as s:
+        s.load(reference_code())
+        s.call("reset", 3)
+        actions = s.call("solve")
+
+        def script(messages, tools):
+            a = actions[sum(m["role"] == "assistant" for m in messages)]
+            if a.get("tool_calls"):
+                c = a["tool_calls"][0]
+                return ToolCall(c["name"], c["arguments"])
+            return Reply(content=a["content"], tool_calls=[])
+        ep = SyntheticEpisode(s, 3, hinted=True)
+        t = run_episode(ScriptedLLM(script), ep, task_id="3", benchmark="synthetic")
+        assert t.passed and t.reward == 1.0 and "Hint:" in ep.system_prompt
+        assert ep.plain_system_prompt in ep.system_prompt and "Hint:" not in ep.plain_system_prompt
+        bad = SyntheticEpisode(s, 3)
+        bad.reset()
+        obs = bad.step("", [{"id": "x", "function": {"name": "get_reservation_details", "arguments": "{oops"}}])
+        assert obs.messages[0]["content"].startswith("Error") and not obs.done
+        _json.dumps(t.to_dict())
