@@ -38,3 +38,52 @@ class SyntheticEpisode(Episode):
         r = self.session.call("reward")
         return Score(reward=float(r["reward"]), passed=bool(r["success"]),
                      reasons={"components": r["components"], "termination": termination, "seed": self.seed})
+
+
+class SyntheticBenchmark:
+    """A synthesized environment as a benchmark: task ids are seeds, episodes run in a warm
+    sandbox pool. Use as a context manager (it owns containers)."""
+
+    def __init__(self, code: str, name: str = "synthetic", seeds: range = range(100), pool_size: int = 2,
+                 hinted: bool = False):
+        from trace_rl.sandbox.session import SessionPool
+
+        self.name, self.seeds, self.hinted = name, seeds, hinted
+        self.pool = SessionPool(code, size=pool_size)
+
+    def splits(self) -> list[str]:
+        return ["seeds"]
+
+    def tasks(self, split: str = "seeds"):
+        from trace_rl.evals.benchmark import Task
+
+        return [Task(str(s), self.name, split) for s in self.seeds]
+
+    def episode(self, task_id: str) -> "PooledEpisode":
+        return PooledEpisode(self.pool, int(task_id), self.hinted)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PooledEpisode(SyntheticEpisode):
+    """Takes a warm session from the pool at reset and gives it back at close."""
+
+    def __init__(self, pool, seed: int, hinted: bool = False):
+        self.pool = pool
+        super().__init__(None, seed, hinted)
+
+    def reset(self) -> Observation:
+        self.session = self.pool.acquire()
+        return super().reset()
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.pool.release(self.session)
+            self.session = None
