@@ -22,7 +22,7 @@ def measure(policy, bench, n: int, max_steps: int, max_tokens: int) -> dict:
                          max_tokens=max_tokens) for s in range(n)]
     wall = time.perf_counter() - t0
     gen_s = policy.usage.seconds
-    return {"episodes_per_min": 60 * n / wall, "decode_tok_s": policy.usage.completion_tokens / gen_s if gen_s else 0,
+    return {"episodes_per_min": 60 * n / wall, "gen_tok_s": policy.usage.completion_tokens / gen_s if gen_s else 0,
             "prompt_tokens": policy.usage.prompt_tokens, "completion_tokens": policy.usage.completion_tokens,
             "mean_reward": sum(t.reward for t in trajs) / n, "wall_s": wall}
 
@@ -43,10 +43,10 @@ def main():
         rows["llama.cpp (server)"] = measure(llm, bench, args.episodes, args.max_steps, args.max_tokens)
         rows["transformers (in-process, fp32)"] = measure(HFPolicy(args.model, max_new_tokens=args.max_tokens),
                                                           bench, args.episodes, args.max_steps, args.max_tokens)
-    table = Table("backend", "episodes/min", "decode tok/s", "prompt tok", "completion tok", "mean reward",
+    table = Table("backend", "episodes/min", "generated tok/s (model time)", "prompt tok", "completion tok", "mean reward",
                   title=f"{args.model}: {args.episodes} episodes, <= {args.max_steps} turns, <= {args.max_tokens} tokens a turn")
     for name, r in rows.items():
-        table.add_row(name, f"{r['episodes_per_min']:.2f}", f"{r['decode_tok_s']:.1f}", str(r["prompt_tokens"]),
+        table.add_row(name, f"{r['episodes_per_min']:.2f}", f"{r["gen_tok_s"]:.1f}", str(r["prompt_tokens"]),
                       str(r["completion_tokens"]), f"{r['mean_reward']:.2f}")
     Console().print(table)
     a, b = rows.values()
