@@ -46,7 +46,7 @@ def main():
     table = Table("backend", "episodes/min", "generated tok/s (model time)", "prompt tok", "completion tok", "mean reward",
                   title=f"{args.model}: {args.episodes} episodes, <= {args.max_steps} turns, <= {args.max_tokens} tokens a turn")
     for name, r in rows.items():
-        table.add_row(name, f"{r['episodes_per_min']:.2f}", f"{r["gen_tok_s"]:.1f}", str(r["prompt_tokens"]),
+        table.add_row(name, f"{r['episodes_per_min']:.2f}", f"{r['gen_tok_s']:.1f}", str(r["prompt_tokens"]),
                       str(r["completion_tokens"]), f"{r['mean_reward']:.2f}")
     Console().print(table)
     a, b = rows.values()
