@@ -151,7 +151,7 @@ class Candidates(BaseModel):
 
 def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Capability]:
     """Reject domain recipes and duplicates; raise with every problem so the model can fix them."""
-    problems, out, seen = [], [], set()
+    problems, out, seen_keys = [], [], []
     for c in cands.capabilities:
         words = set(c.name.split("_"))
         hits = words & {w.lower() for w in cfg.domain_words}
@@ -163,10 +163,10 @@ def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[st
             problems.append(f"{c.name}: example ids {unknown} are not failed trajectories shown")
             continue
         key = frozenset(words - {"and", "of", "the", "to"})
-        if c.name in seen or any(len(key & s) >= max(2, len(key) - 0) for s in seen if isinstance(s, frozenset)):
+        if any(key <= k or k <= key for k in seen_keys):  # same words, or one name inside the other
             problems.append(f"{c.name}: duplicates another candidate")
             continue
-        seen.update({c.name, key})
+        seen_keys.append(key)
         out.append(c)
     if problems:
         raise ValueError("; ".join(problems))
