@@ -139,3 +139,15 @@ def test_discovery_rejects_domain_recipes_and_retries(tmp_path):
     caps = discover(llm, trajs, AnalysisConfig(domain_words=["flight", "airline"]))
     assert [c.name for c in caps] == ["state_tracking"]
     assert "names the domain (flight)" in llm.requests[1][-1]["content"]
+
+
+def test_discovery_rejects_duplicates():
+    from trace_rl.agents.analyst import Candidates, _check_candidates
+
+    cap = lambda n: {"name": n, "description": "Does a thing. Well.", "example_task_ids": ["b/task1/0"]}
+    cands = Candidates(capabilities=[cap("state_tracking"), cap("state_tracking_across_turns"), cap("tool_precision")])
+    with pytest.raises(ValueError, match="state_tracking_across_turns: duplicates"):
+        _check_candidates(cands, AnalysisConfig(), {"b/task1/0"})
+    ok = _check_candidates(Candidates(capabilities=[cap("state_tracking"), cap("tool_precision")]), AnalysisConfig(),
+                           {"b/task1/0"})
+    assert [c.name for c in ok] == ["state_tracking", "tool_precision"]
