@@ -42,13 +42,9 @@ def models_list(verify: bool = typer.Option(False, help="re-hash every file inst
     from trace_rl.training import models
 
     table = Table("name", "model", "MB", "verified", "hf ckpt", "path")
-    for m in models.MODELS.values():
-        row = next(r for r in models.status() if r["name"] == m.name) if not verify else None
-        ok = models.verify(m, full=True) if verify else row["verified"]
-        path = models.models_dir() / m.filename
-        hf = (models.cache_dir() / "hf" / m.name / ".complete").is_file()
-        table.add_row(m.name, m.title, str(m.size_mb), "[green]sha256 ok[/]" if ok else
-                      ("[red]BAD[/]" if path.exists() else "-"), "yes" if hf else "-", str(path))
+    for row in models.status(full=verify):
+        ok = "[green]sha256 ok[/]" if row["verified"] else ("[red]BAD[/]" if row["present"] else "-")
+        table.add_row(row["name"], row["title"], str(row["size_mb"]), ok, "yes" if row["hf"] else "-", row["path"])
     console.print(table)
 
 

@@ -54,3 +54,18 @@ def test_hf_checkpoint_from_gguf_generates():
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "paris" in tok.decode(out[0, ids.shape[1]:]).lower()
+
+
+def test_cli_help_and_models_list():
+    from typer.testing import CliRunner
+
+    from trace_rl.graph.cli import app
+
+    runner = CliRunner()
+    help_text = runner.invoke(app, ["--help"]).output
+    for cmd in ("models", "serve", "sandbox", "eval", "demo", "analyze"):
+        assert cmd in help_text
+    out = runner.invoke(app, ["models", "list"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in out.output

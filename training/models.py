@@ -247,10 +247,11 @@ def hf_checkpoint(name_or_path: str) -> Path:
     return out
 
 
-def status() -> list[dict]:
+def status(full: bool = False) -> list[dict]:
+    """One row per embedded model; `full` re-hashes files instead of trusting their stamps."""
     rows = []
     for m in MODELS.values():
         path = models_dir() / m.filename
         rows.append({"name": m.name, "title": m.title, "size_mb": m.size_mb, "path": str(path),
-                     "present": path.is_file(), "verified": verify(m), "hf": (cache_dir() / "hf" / m.name / ".complete").is_file()})
+                     "present": path.is_file(), "verified": verify(m, full=full), "hf": (cache_dir() / "hf" / m.name / ".complete").is_file()})
     return rows
