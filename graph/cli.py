@@ -172,8 +172,20 @@ def demo(tasks: int = typer.Option(3, help="telecom test tasks to run"),
 
     report = run_eval("tau2:telecom", "test", model, tasks=tasks, out=str(Path(out) / "rollouts"),
                       max_steps=12, max_tokens=256)
+    trajs = load_trajectories(out)
+    if trajs:
+        console.print(sample_turns(trajs[0]))
     first = next(iter(report["groups"].values()))
     console.print(f"[bold]demo done:[/] {first['passed']}/{first['episodes']} passed")
+
+
+def sample_turns(traj, n: int = 4) -> str:
+    """The first agent turns of a trajectory, as the model wrote them."""
+    lines = [f"[bold]{traj.model}[/] on {traj.task_id} ({'passed' if traj.passed else 'failed'}, {traj.termination}):"]
+    for m in [m for m in traj.messages if m["role"] == "assistant"][:n]:
+        calls = ", ".join(f"{c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls") or [])
+        lines.append(f"  agent> {calls or m.get('content')}")
+    return "\n".join(lines)
 
 
 def load_trajectories(run_dir):
