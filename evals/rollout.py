@@ -56,6 +56,9 @@ class TrajectoryStore:
     def __len__(self) -> int:
         return len(self._items)
 
+    def get(self, key: str) -> Trajectory:
+        return self._items[key]
+
     def all(self) -> list[Trajectory]:
         return list(self._items.values())
 
@@ -95,11 +98,11 @@ def rollout(benchmark: Benchmark, policy: Policy | Callable[[], Policy], task_id
                TextColumn("pass {task.fields[passed]}"), TimeElapsedColumn()]
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task(benchmark.name, total=len(jobs), completed=len(jobs) - len(todo),
-                            passed=sum(store._items[f"{benchmark.name}/{t}/{k}"].passed
+                            passed=sum(store.get(f"{benchmark.name}/{t}/{k}").passed
                                        for t, k in jobs if f"{benchmark.name}/{t}/{k}" in store))
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             futures = [pool.submit(one, tid, k) for tid, k in todo]
             for fut in as_completed(futures):
                 traj = fut.result()
                 bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(traj.passed))
-    return [store._items[f"{benchmark.name}/{tid}/{k}"] for tid, k in jobs]
+    return [store.get(f"{benchmark.name}/{tid}/{k}") for tid, k in jobs]
