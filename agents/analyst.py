@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, field_validator
 from trace_rl import prompts
 from trace_rl.agents.base_agent import Trajectory
 from trace_rl.agents.llm import LLM
+from trace_rl.evals.report import save_figure
 from trace_rl.evals.rollout import atomic_write_json
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
@@ -413,7 +414,4 @@ def plot_cov_delta(results: list[CapabilityResult], cfg: AnalysisConfig, path: P
     ax.set_title(f"capabilities: kept if Cov ≥ ρ and Δ ≥ δ in ≥ {cfg.k} of {cfg.n_runs} runs", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)

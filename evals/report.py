@@ -76,12 +76,13 @@ def plot_pass_rates(series: dict[str, dict], path: Path, title: str) -> None:
     width = 0.8 / max(1, len(series))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) * max(1, len(series)) ** 0.5), 3.6))
     for i, (label, figs) in enumerate(series.items()):
+        present = [g for g in groups if g in figs]
         xs = [j + i * width for j, g in enumerate(groups) if g in figs]
-        ps = [figs[g]["pass@1"] * 100 for g in groups if g in figs]
-        lo = [p - figs[g]["ci95"][0] * 100 for p, g in zip(ps, [g for g in groups if g in figs])]
-        hi = [figs[g]["ci95"][1] * 100 - p for p, g in zip(ps, [g for g in groups if g in figs])]
+        ps = [figs[g]["pass@1"] * 100 for g in present]
+        lo = [p - figs[g]["ci95"][0] * 100 for p, g in zip(ps, present)]
+        hi = [figs[g]["ci95"][1] * 100 - p for p, g in zip(ps, present)]
         bars = ax.bar(xs, ps, width, yerr=[lo, hi], capsize=3, label=label)
-        for b, g in zip(bars, [g for g in groups if g in figs]):
+        for b, g in zip(bars, present):
             ax.annotate(f"{figs[g]['passed']}/{figs[g]['episodes']}", (b.get_x() + b.get_width() / 2, 1),
                         ha="center", fontsize=8, color="white" if b.get_height() > 8 else "black")
     ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(groups))], groups, fontsize=8)
@@ -91,6 +92,13 @@ def plot_pass_rates(series: dict[str, dict], path: Path, title: str) -> None:
     if len(series) > 1:
         ax.legend(fontsize=8)
     fig.tight_layout()
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write a PNG atomically (temp file, then rename) and close the figure."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=120)
