@@ -49,7 +49,7 @@ class SyntheticBenchmark:
         from trace_rl.sandbox.session import SessionPool
 
         self.name, self.seeds, self.hinted = name, seeds, hinted
-        self.pool = SessionPool(code, size=pool_size)
+        self.pool = SessionPool(code, size=pool_size)  # grows to the number of episodes alive at once
 
     def splits(self) -> list[str]:
         return ["seeds"]
@@ -59,8 +59,8 @@ class SyntheticBenchmark:
 
         return [Task(str(s), self.name, split) for s in self.seeds]
 
-    def episode(self, task_id: str) -> "PooledEpisode":
-        return PooledEpisode(self.pool, int(task_id), self.hinted)
+    def episode(self, task_id: str, hinted: bool | None = None) -> "PooledEpisode":
+        return PooledEpisode(self.pool, int(task_id), self.hinted if hinted is None else hinted)
 
     def close(self) -> None:
         self.pool.close()

@@ -196,7 +196,11 @@ class SessionPool:
         return s
 
     def acquire(self) -> EnvSession:
-        s = self._free.get()
+        """A warm session; a new one when all are in use (lockstep rollouts hold many at once)."""
+        try:
+            s = self._free.get_nowait()
+        except queue.Empty:
+            s = self._new()
         if not s.alive:
             s = self._new()
         s.new_episode()

@@ -1,9 +1,10 @@
-"""In-process transformers policy (+ optional LoRA adapter or MoE): the same `chat` interface
-as `LLM`, so the base agent, training and MoE evaluation share one loop.
+"""In-process transformers models behind the agent's `chat` interface, and the token-level
+helpers GRPO shares with it: chat rendering, batched generation, environment-turn deltas.
 
 Tool calls are parsed from the generated text (<tool_call> tags, fences or bare JSON), as
-for any endpoint. Slower than llama.cpp on CPU for rollouts; needed where gradients or
-adapters live in-process.
+for any endpoint. Chat templates without tool support (SmolLM2's) get the tool schemas in
+the system prompt and tool calls rendered as <tool_call> text, the Hermes/Qwen format.
+Slower than llama.cpp on CPU for rollouts; needed where gradients or adapters live in-process.
 """
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ import time
 from pathlib import Path
 
 from trace_rl.agents.llm import Reply, Usage, parse_tool_calls
+
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+    "</tool_call>")
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
@@ -36,47 +44,164 @@ def template_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
+def supports_tools(tokenizer) -> bool:
+    return "tools" in (tokenizer.chat_template or "")
+
+
+def _tools_as_text(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """For templates that ignore `tools`: schemas into the system prompt, calls and results as text."""
+    preamble = TOOLS_PREAMBLE.format(tools="\n".join(json.dumps(t) for t in tools))
+    out = []
+    for m in messages:
+        if m["role"] == "system":
+            m = {"role": "system", "content": f"{m['content']}\n\n{preamble}"}
+        elif m.get("tool_calls"):
+            text = "\n".join("<tool_call>\n" + json.dumps({"name": tc["function"]["name"],
+                                                           "arguments": tc["function"]["arguments"]}) + "\n</tool_call>"
+                             for tc in m["tool_calls"])
+            m = {"role": "assistant", "content": text}
+        elif m["role"] == "tool":
+            m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+        out.append(m)
+    if tools and not any(m["role"] == "system" for m in out):
+        out.insert(0, {"role": "system", "content": preamble})
+    return out
+
+
+def render(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+           add_generation_prompt: bool = False) -> str:
+    """The chat template's text for `messages` (+ tools), one rendering rule for eval and training."""
+    msgs = template_messages(messages)
+    if tools and not supports_tools(tokenizer):
+        msgs, tools = _tools_as_text(msgs, tools), None
+    return tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_ids(tokenizer) -> list[int]:
+    """Token ids that end an assistant turn (eos, and <|im_end|> where the template uses it)."""
+    ids = {tokenizer.eos_token_id}
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        i = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(i, int) and i != tokenizer.unk_token_id:
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+def env_turn_ids(tokenizer, history: list[dict], new: list[dict], tools: list[dict] | None) -> list[int]:
+    """Tokens the template puts after an assistant turn's end token: the environment's
+    messages `new` and the header of the next assistant turn. `history` ends with that
+    assistant turn. These tokens are context, not the model's output (masked from the loss)."""
+    before = render(tokenizer, history, tools)
+    after = render(tokenizer, history + new, tools, add_generation_prompt=True)
+    if not after.startswith(before):
+        raise ValueError("the chat template re-renders earlier turns differently; cannot build turn deltas")
+    at, end = max((before.rfind(t), t) for t in (tokenizer.decode([i]) for i in stop_ids(tokenizer)))
+    if at < 0:
+        raise ValueError("cannot find the end-of-turn token in the rendered assistant turn")
+    return encode(tokenizer, after[at + len(end):])
+
+
+def generate_batch(model, tokenizer, seqs: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+    """Sample one continuation per token sequence (left-padded batch), cut after the first
+    end-of-turn token. Plain softmax sampling at `temperature` (no top-k/top-p), as GRPO assumes."""
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(s) for s in seqs)
+    dev = next(model.parameters()).device
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=dev)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
+    stops = stop_ids(tokenizer)
+    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=stops,
+                             pad_token_id=pad, repetition_penalty=1.0, **sample)
+    result = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+        result.append(row[:cut])
+    return result
+
+
 class HFPolicy:
-    def __init__(self, model: str, adapter: str | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
-                 device: str | None = None, dtype=None):
+    """A transformers model (optionally with a LoRA adapter, or an MoE's routed model) with `chat`.
+
+    Reuses the KV cache of the previous call when the new prompt extends it, so a multi-turn
+    episode pays the long system prompt once, not once per turn."""
+
+    def __init__(self, model, tokenizer, name: str, max_new_tokens: int = 256, temperature: float = 0.0):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.usage = Usage()
+        self._lock = threading.Lock()  # one generate at a time per model
+        self._cache = None  # (token ids the cache covers, DynamicCache)
+        self.before_generate = None  # hook(messages, tools) run under the lock (the router uses it)
+
+    @classmethod
+    def load(cls, model: str, adapter: str | None = None, device: str | None = None, dtype=None, **kw) -> "HFPolicy":
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from trace_rl.training.models import hf_checkpoint
 
         path = hf_checkpoint(model)
-        self.name = f"{Path(model).stem}+{Path(adapter).name}" if adapter else Path(model).stem
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = dtype or (torch.bfloat16 if self.device == "cuda" else torch.float32)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
+        net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         if adapter:
             from peft import PeftModel
 
-            self.model = PeftModel.from_pretrained(self.model, adapter).eval()
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.usage = Usage()
-        self._lock = threading.Lock()  # one generate at a time per model
+            net = PeftModel.from_pretrained(net, adapter).eval()
+        name = f"{Path(model).stem}+{Path(adapter).name}" if adapter else Path(model).stem
+        return cls(net, AutoTokenizer.from_pretrained(path), name, **kw)
+
+    def _generate(self, ids: list[int], max_new: int, temp: float) -> list[int]:
+        import torch
+
+        dev = next(self.model.parameters()).device
+        kw: dict = dict(max_new_tokens=max_new, eos_token_id=stop_ids(self.tokenizer), repetition_penalty=1.0,
+                        pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                        return_dict_in_generate=True)
+        kw.update(dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False))
+        if self._cache is not None:
+            seen, cache = self._cache
+            n = 0
+            for a, b in zip(seen, ids):
+                if a != b:
+                    break
+                n += 1
+            if 16 <= n < len(ids):  # at least one new token must be fed
+                cache.crop(n - cache.get_seq_length())  # negative: drop the tokens past the common prefix
+                kw["cache"] = cache
+        self._cache = None
+        x = torch.tensor([ids], device=dev)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kw)
+        seq = out.sequences[0].tolist()
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        if cache is not None:
+            self._cache = (seq[:-1], cache)  # the last token was sampled, never fed
+        return seq[len(ids):]
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float | None = None,
              max_tokens: int | None = None, **_) -> Reply:
-        import torch
-
-        enc = self.tokenizer.apply_chat_template(template_messages(messages), tools=tools, add_generation_prompt=True,
-                                                 return_tensors="pt", return_dict=True)
-        ids = enc["input_ids"].to(self.device)
+        text_in = render(self.tokenizer, messages, tools, add_generation_prompt=True)
+        ids = encode(self.tokenizer, text_in)
         temp = self.temperature if temperature is None else temperature
-        kw = dict(max_new_tokens=max_tokens or self.max_new_tokens, pad_token_id=self.tokenizer.eos_token_id)
-        kw.update(dict(do_sample=True, temperature=temp) if temp > 0 else dict(do_sample=False))
         t0 = time.perf_counter()
-        with self._lock, torch.no_grad():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
-        new = out[0, ids.shape[1]:]
+        with self._lock:
+            if self.before_generate:
+                self.before_generate(messages, tools)
+            new = self._generate(ids, max_tokens or self.max_new_tokens, temp)
         text = self.tokenizer.decode(new, skip_special_tokens=True).strip()
-        names = {t["function"]["name"] for t in tools or []}
-        calls = parse_tool_calls(text, names) if tools else []
+        calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
         reply = Reply(content="" if calls else text, tool_calls=calls, finish_reason="stop",
-                      prompt_tokens=int(ids.shape[1]), completion_tokens=int(new.shape[0]),
+                      prompt_tokens=len(ids), completion_tokens=len(new),
                       seconds=time.perf_counter() - t0, tool_calls_from_text=bool(calls))
         self.usage.add(reply, 0.0)
         return reply

@@ -1,0 +1,121 @@
+"""GRPO on tiny random models: token bookkeeping, LoRA-only updates, exact resume, redraws."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from tiny import LetterBench, tiny_model, tiny_tokenizer
+from trace_rl.training.grpo import PRESETS, CapabilityGRPO, TokenRollout, hinted_slots
+from trace_rl.training.hf_policy import encode
+
+CALL = '<tool_call>\n{"name": "get_user", "arguments": {"user_id": "u1"}}\n</tool_call>'
+
+
+def scripted_generate(tok, texts):
+    """A generator that writes `texts` in order, one per turn, for every sequence."""
+    turn = {"n": 0}
+
+    def gen(seqs, max_new):
+        text = texts[min(turn["n"], len(texts) - 1)]
+        turn["n"] += 1
+        return [(encode(tok, text) + [tok.eos_token_id])[:max_new] for _ in seqs]
+    return gen
+
+
+def test_token_rollout_masks_environment_tokens_and_swaps_the_hint_back():
+    tok = tiny_tokenizer()
+    bench = LetterBench()
+    eps = TokenRollout(bench, tok, PRESETS["tiny"].model_copy(update={"max_turns": 4, "max_turn_tokens": 64})).run(
+        scripted_generate(tok, [CALL, "aaaa"]), ["3", "3"], [True, False])
+    hinted, plain = eps
+    for e in eps:
+        model_tokens = [t for t, m in zip(e.completion_ids, e.env_mask) if m]
+        env_tokens = [t for t, m in zip(e.completion_ids, e.env_mask) if not m]
+        assert tok.decode(model_tokens) == CALL + "<|im_end|>" + "aaaa<|im_end|>"
+        assert '{"city": "Paris"}' in tok.decode(env_tokens) and "Paris" not in tok.decode(model_tokens)
+        assert e.reward == 1.0 and e.success and e.turns == 2 and e.termination == "agent_stop"
+        assert e.messages[2]["tool_calls"][0]["function"]["name"] == "get_user"
+    assert "Hint:" in tok.decode(hinted.gen_prompt_ids) and "Hint:" not in tok.decode(hinted.prompt_ids)
+    assert hinted.prompt_ids == plain.prompt_ids == plain.gen_prompt_ids
+    assert all(ep.closed for ep in bench.opened)
+
+
+def test_token_rollout_ends_on_turn_and_length_limits():
+    tok = tiny_tokenizer()
+    s = PRESETS["tiny"].model_copy(update={"max_turns": 2, "max_turn_tokens": 64})
+    [e] = TokenRollout(LetterBench(), tok, s).run(scripted_generate(tok, [CALL]), ["1"], [False])
+    assert e.termination == "max_steps" and e.turns == 2
+    s = PRESETS["tiny"].model_copy(update={"max_turns": 9, "max_seq_len": 600, "max_turn_tokens": 64})
+    [e] = TokenRollout(LetterBench(), tok, s).run(scripted_generate(tok, [CALL]), ["1"], [False])
+    assert e.termination == "context_length" and len(e.gen_prompt_ids) + len(e.completion_ids) <= 600
+
+
+def test_hinted_slots():
+    assert hinted_slots(16, 0.25) == [True] * 4 + [False] * 12
+    assert hinted_slots(4, 0.0) == [False] * 4
+
+
+def _train(out, steps=2, seed=0):
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=seed)
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    bench = LetterBench()
+    g = CapabilityGRPO(model, tok, bench, [t.id for t in bench.tasks()], out,
+                       PRESETS["tiny"].model_copy(update={"steps": steps}), name="letters")
+    return g, g.train(), base
+
+
+def test_grpo_changes_only_lora_weights(tmp_path):
+    g, res, base = _train(tmp_path)
+    peft_model = g.trainer.model
+    changed_lora, changed_base = 0, []
+    for name, p in peft_model.named_parameters():
+        if "lora_" in name:
+            changed_lora += "lora_B" in name and bool(p.abs().sum() > 0)  # B starts at 0
+        else:
+            orig = name.replace("base_model.model.", "").replace(".base_layer", "")
+            if not torch.equal(p.detach(), base[orig]):
+                changed_base.append(name)
+    assert changed_lora > 0 and changed_base == []
+    assert res.steps == 2 and len(res.log) == 2 and all("kl_to_base" in r for r in res.log)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() and (tmp_path / "curve.png").is_file()
+    assert any((tmp_path / "tensorboard").iterdir())
+    rows = [json.loads(l) for l in (tmp_path / "rollouts" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 and {r["split"] for r in rows} == {"train"}
+
+
+def test_resume_from_a_checkpoint_gives_the_same_next_step(tmp_path):
+    _, full, _ = _train(tmp_path / "full")
+    resumed_dir = tmp_path / "resumed"
+    (resumed_dir / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "checkpoint-1", resumed_dir / "checkpoints" / "checkpoint-1")
+    _, resumed, _ = _train(resumed_dir)
+    assert [r["step"] for r in resumed.log] == [1, 2]  # step 1 comes back from the checkpoint's state
+    keys = ["reward", "reward_std", "loss", "grad_norm", "kl_to_base"]
+    assert {k: resumed.log[1][k] for k in keys} == {k: full.log[1][k] for k in keys}
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(d / "adapter" / "adapter_model.safetensors")) for d in (tmp_path / "full", resumed_dir))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class HalfDeadBench(LetterBench):
+    """Even task ids give reward 0 whatever the agent writes: their groups carry no signal."""
+
+    def episode(self, task_id, hinted=False):
+        ep = super().episode(task_id, hinted)
+        if int(task_id) % 2 == 0:
+            ep.score = lambda termination: __import__("trace_rl.evals.benchmark", fromlist=["Score"]).Score(0.0, False)
+        return ep
+
+
+def test_constant_groups_are_redrawn(tmp_path):
+    tok = tiny_tokenizer()
+    bench = HalfDeadBench()
+    g = CapabilityGRPO(tiny_model(tok), tok, bench, ["0", "2", "4", "5"], tmp_path,
+                       PRESETS["tiny"].model_copy(update={"steps": 3, "resample_constant_groups": 3}))
+    res = g.train()
+    assert sum(r["episode/redrawn_groups"] for r in res.log) > 0
+    # a step is left without signal only when its group stayed constant after the last redraw
+    assert all(r["reward_std"] > 0 or r["episode/constant_groups"] == 1 for r in res.log)

@@ -1,0 +1,107 @@
+"""Tiny chat models for tests: a byte-level BPE tokenizer with a ChatML template (no tool
+support, like SmolLM2's) and a random Qwen2 of a few thousand parameters. No weights needed."""
+from __future__ import annotations
+
+import json
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["You are a helpful assistant. Use the tools to answer the user.",
+          '<tool_call>\n{"name": "get_user", "arguments": {"user_id": "u1"}}\n</tool_call>',
+          "<tool_response> city Paris Lima Oslo </tool_response> Done. The answer is a b c d e 0 1 2 3 4 5 6 7 8 9"]
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHATML
+    fast.padding_side = "left"
+    return fast
+
+
+def tiny_model(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 32):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def save_tiny(path, seed: int = 0):
+    """A tiny checkpoint on disk (what `hf_checkpoint` would return for a real model)."""
+    tok = tiny_tokenizer()
+    tiny_model(tok, seed).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+# ---------------------------------------------------------------- a tiny in-process benchmark
+class LetterEpisode:
+    """Reward = share of the letter 'a' in the agent's reply: varies with sampled text, so a
+    random model's GRPO groups carry signal. A tool call is answered, then the agent replies."""
+
+    tools = [{"type": "function", "function": {"name": "get_user", "description": "Get a user.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "user_id": {"type": "string"}}, "required": ["user_id"]}}}]
+    max_steps = 3
+
+    def __init__(self, task_id: str, hinted: bool = False):
+        from trace_rl.evals.benchmark import Observation
+
+        self._obs = Observation
+        self.task_id, self.hinted, self.reply, self.closed = task_id, hinted, "", False
+        self.plain_system_prompt = f"Say many a letters. Task {task_id}."
+        self.system_prompt = self.plain_system_prompt + ("\n\nHint: the letter a." if hinted else "")
+
+    def reset(self):
+        return self._obs([{"role": "user", "content": f"Go {self.task_id}"}])
+
+    def step(self, content, tool_calls):
+        if tool_calls:
+            return self._obs([{"role": "tool", "tool_call_id": tc["id"], "content": json.dumps({"city": "Paris"})}
+                              for tc in tool_calls])
+        self.reply = content
+        return self._obs([], done=True, reason="agent_stop")
+
+    def score(self, termination):
+        from trace_rl.evals.benchmark import Score
+
+        r = self.reply.count("a") / max(1, len(self.reply))
+        return Score(r, r >= 0.5, {"termination": termination})
+
+    def close(self):
+        self.closed = True
+
+
+class LetterBench:
+    name = "letters"
+
+    def __init__(self):
+        self.opened: list[LetterEpisode] = []
+
+    def splits(self):
+        return ["train"]
+
+    def tasks(self, split="train"):
+        from trace_rl.evals.benchmark import Task
+
+        return [Task(str(i), self.name, split) for i in range(8)]
+
+    def episode(self, task_id, hinted=False):
+        ep = LetterEpisode(task_id, hinted)
+        self.opened.append(ep)
+        return ep

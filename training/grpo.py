@@ -1,0 +1,373 @@
+"""GRPO on one capability's environment: one LoRA adapter on a frozen base (TRACE §4).
+
+trl's GRPOTrainer does the optimisation (clipped objective, DAPO ε-high, no KL term by
+default, checkpoints, TensorBoard); our `rollout_func` plays whole multi-turn tool episodes:
+
+- the episodes of a step run in lockstep, one batched generate per turn (transformers, or
+  trl's vLLM generation when `use_vllm` is on);
+- the model's own tokens are kept exactly as sampled; tool results and the next turn's
+  header are rendered by the chat template and masked from the loss (`env_mask`);
+- a `hint_fraction` of each group sees the environment's hint appended to its system
+  prompt, and the plain prompt's tokens are what the loss sees (the hint is swapped back);
+- a group whose rewards are all equal carries no signal: it is redrawn on another task up
+  to `resample_constant_groups` times, and kept (zero advantage, no gradient) after that.
+
+Any `Benchmark` whose episodes take `hinted=` trains this way: a synthesized environment
+(sandboxed), or the target benchmark itself (the paper's "GRPO on the target" baseline).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, Field
+
+from trace_rl.agents.base_agent import Trajectory
+from trace_rl.agents.llm import Reply, parse_tool_calls
+
+
+class GRPOSettings(BaseModel):
+    """Defaults are the method's (TRACE §4); `PRESETS` holds sizes for small machines."""
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_targets: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    group_size: int = Field(16, ge=2, description="episodes per task instance (G)")
+    groups_per_step: int = Field(1, ge=1, description="task instances per optimizer step")
+    learning_rate: float = Field(1e-5, gt=0)
+    epsilon: float = Field(0.2, gt=0, description="lower clip")
+    epsilon_high: float = Field(0.28, gt=0, description="upper clip (DAPO)")
+    beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no KL term, no reference model")
+    temperature: float = Field(1.0, gt=0)
+    steps: int = Field(20, ge=1, description="optimizer steps (iterations)")
+    hint_fraction: float = Field(0.25, ge=0, le=1, description="share of each group rolled out with the hint")
+    max_turns: int = Field(10, ge=1)
+    max_turn_tokens: int = Field(256, ge=8, description="tokens the model may write per turn")
+    max_seq_len: int = Field(4096, ge=256, description="prompt + whole episode, in tokens")
+    resample_constant_groups: int = Field(2, ge=0)
+    save_steps: int = Field(5, ge=1, description="checkpoint every N steps (exact resume)")
+    log_kl: bool = Field(True, description="log KL(policy || base) on sampled tokens (2 extra forwards)")
+    use_vllm: bool = Field(False, description="generate with trl's vLLM integration (GPU, `pip install trace-rl[gpu]`)")
+    seed: int = 0
+
+
+PRESETS: dict[str, GRPOSettings] = {
+    "paper": GRPOSettings(),
+    # 2-core CPU: a few dozen short steps. A larger step size stands in for the paper's
+    # 1,280 rollouts; the group is small, so more groups per step keep the signal steady.
+    "cpu": GRPOSettings(group_size=4, groups_per_step=2, learning_rate=2e-4, steps=30, max_turns=4,
+                        max_turn_tokens=96, max_seq_len=2048, save_steps=5, hint_fraction=0.25),
+    "tiny": GRPOSettings(group_size=2, groups_per_step=1, learning_rate=1e-3, steps=2, max_turns=2,
+                         max_turn_tokens=8, max_seq_len=1024, save_steps=1, log_kl=True),
+}
+
+
+@dataclass
+class TokenEpisode:
+    """One episode as tokens: what the loss sees (`prompt_ids` + `completion_ids`, `env_mask`)."""
+    task_id: str
+    hinted: bool
+    prompt_ids: list[int]  # the plain prompt (no hint)
+    gen_prompt_ids: list[int]  # what the model was conditioned on (hint included when hinted)
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)  # 1 = sampled by the model, 0 = environment / template
+    messages: list[dict] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    termination: str = ""
+    turns: int = 0
+
+
+Generate = Callable[[list[list[int]], int], list[list[int]]]
+
+
+class TokenRollout:
+    """Plays episodes of a benchmark in lockstep and records them as tokens."""
+
+    def __init__(self, bench, tokenizer, settings: GRPOSettings):
+        from trace_rl.training.hf_policy import stop_ids
+
+        self.bench, self.tok, self.s = bench, tokenizer, settings
+        self.stops = stop_ids(tokenizer)
+
+    def _start(self, task_id: str, hinted: bool):
+        from trace_rl.training.hf_policy import encode, render
+
+        ep = self.bench.episode(task_id, hinted=hinted)
+        obs = ep.reset()
+        plain = getattr(ep, "plain_system_prompt", None) or ep.system_prompt
+        ids = lambda system: encode(self.tok, render(self.tok, [{"role": "system", "content": system}, *obs.messages],
+                                                     ep.tools, add_generation_prompt=True))
+        te = TokenEpisode(task_id, hinted, ids(plain), ids(ep.system_prompt),
+                          messages=[{"role": "system", "content": plain}, *obs.messages])
+        if obs.done:
+            te.termination = obs.reason or "env_done"
+        return te, ep
+
+    def _turn(self, te: TokenEpisode, ep, new: list[int]) -> bool:
+        """Apply one sampled turn; True while the episode goes on."""
+        from trace_rl.training.hf_policy import env_turn_ids
+
+        te.turns += 1
+        te.completion_ids += new
+        te.env_mask += [1] * len(new)
+        if not new or new[-1] not in self.stops:  # cut at the turn limit: close the turn (not trained on)
+            te.completion_ids.append(self.stops[0])
+            te.env_mask.append(0)
+        text = self.tok.decode(new, skip_special_tokens=True).strip()
+        calls = parse_tool_calls(text, {t["function"]["name"] for t in ep.tools})
+        msg = Reply(content="" if calls else text, tool_calls=calls).to_message()
+        te.messages.append(msg)
+        obs = ep.step(msg.get("content") or "", msg.get("tool_calls") or [])
+        if obs.done:
+            te.messages += obs.messages
+            te.termination = obs.reason or "agent_stop"
+            return False
+        delta = env_turn_ids(self.tok, te.messages, obs.messages, ep.tools)
+        te.messages += obs.messages
+        if te.turns >= self.s.max_turns:
+            te.termination = "max_steps"
+        elif len(te.gen_prompt_ids) + len(te.completion_ids) + len(delta) + self.s.max_turn_tokens > self.s.max_seq_len:
+            te.termination = "context_length"
+        else:
+            te.completion_ids += delta
+            te.env_mask += [0] * len(delta)
+            return True
+        return False
+
+    def run(self, generate: Generate, task_ids: list[str], hinted: list[bool]) -> list[TokenEpisode]:
+        pairs = [self._start(t, h) for t, h in zip(task_ids, hinted)]
+        try:
+            live = [(te, ep) for te, ep in pairs if not te.termination]
+            while live:
+                outs = generate([te.gen_prompt_ids + te.completion_ids for te, _ in live], self.s.max_turn_tokens)
+                live = [(te, ep) for (te, ep), new in zip(live, outs) if self._turn(te, ep, new)]
+            for te, ep in pairs:
+                score = ep.score(te.termination)
+                te.reward, te.success = float(score.reward), bool(score.passed)
+        finally:
+            for _, ep in pairs:
+                ep.close()
+        return [te for te, _ in pairs]
+
+
+def hinted_slots(group_size: int, fraction: float) -> list[bool]:
+    """Which members of a group see the hint: the first round(G * fraction)."""
+    k = round(group_size * fraction)
+    return [i < k for i in range(group_size)]
+
+
+def redraw(task_ids: list[str], *key) -> str:
+    """A task for a resampled group: deterministic in (step, group, attempt), so resume replays it."""
+    h = hashlib.sha256("/".join(map(str, key)).encode()).digest()
+    return task_ids[int.from_bytes(h[:8], "big") % len(task_ids)]
+
+
+def token_logps(model, ids: list[int], start: int):
+    """Log-probabilities of ids[start:] under `model` (no grad)."""
+    import torch
+
+    dev = next(model.parameters()).device
+    x = torch.tensor([ids], device=dev)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits[0, start - 1:-1].float()
+    return logits.log_softmax(-1).gather(-1, x[0, start:, None]).squeeze(-1)
+
+
+def kl_to_base(model, eps: list[TokenEpisode]) -> float:
+    """Mean k3 estimate of KL(policy || base) over the model's sampled tokens (LoRA disabled = base)."""
+    import torch
+
+    total, n = 0.0, 0
+    for te in eps:
+        ids, start = te.prompt_ids + te.completion_ids, len(te.prompt_ids)
+        mask = torch.tensor(te.env_mask, dtype=torch.bool)
+        pol = token_logps(model, ids, start).cpu()
+        with model.disable_adapter():
+            ref = token_logps(model, ids, start).cpu()
+        d = (ref - pol)[mask]
+        total += float((d.exp() - d - 1).sum())
+        n += int(mask.sum())
+    return total / n if n else 0.0
+
+
+@dataclass
+class TrainResult:
+    adapter: str
+    steps: int
+    log: list[dict]
+    curve: str
+
+
+class CapabilityGRPO:
+    """GRPO for one capability: trl's GRPOTrainer + our multi-turn rollout, one LoRA adapter.
+
+    `bench.episode(task_id, hinted=...)` must give an Episode; `task_ids` are the training
+    instances (seeds, for a synthesized environment). Everything lands in `out_dir`:
+    checkpoints/ (exact resume), tensorboard/, rollouts/ (every training episode, JSONL),
+    adapter/ (the result), curve.png."""
+
+    def __init__(self, model, tokenizer, bench, task_ids: list[str], out_dir: str | Path,
+                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter"):
+        from trace_rl.evals.rollout import TrajectoryStore
+
+        if not task_ids:
+            raise ValueError("GRPO needs at least one training task id")
+        self.model, self.tok, self.bench, self.task_ids = model, tokenizer, bench, list(task_ids)
+        self.s, self.name, self.out = settings, name, Path(out_dir)
+        self.rollout = TokenRollout(bench, tokenizer, settings)
+        self.store = TrajectoryStore(self.out / "rollouts")
+        self.trainer = None
+
+    # -- generation backends
+    def _generator(self, trainer) -> Generate:
+        if trainer.use_vllm:  # trl syncs the LoRA-updated weights into vLLM before each rollout_func call
+            return lambda seqs, n: trainer.vllm_generation.generate(seqs, None, 1)[1]
+        from trace_rl.training.hf_policy import generate_batch
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return lambda seqs, n: generate_batch(model, self.tok, seqs, n, self.s.temperature)
+
+    def rollout_func(self, prompts: list, trainer) -> dict:
+        """trl calls this with each group's prompt repeated G times; a prompt is the task id."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        model.eval()
+        try:
+            generate = self._generator(trainer)
+            tids = [p[-1]["content"] if isinstance(p, list) else str(p) for p in prompts]
+            groups = [tids[i:i + self.s.group_size] for i in range(0, len(tids), self.s.group_size)]
+            step = trainer.state.global_step
+            hint = hinted_slots(self.s.group_size, self.s.hint_fraction)
+            results: list[list[TokenEpisode] | None] = [None] * len(groups)
+            todo = list(range(len(groups)))
+            tasks = {g: groups[g][0] for g in todo}
+            redrawn = 0
+            for attempt in range(self.s.resample_constant_groups + 1):
+                flat = [(g, tasks[g], h) for g in todo for h in hint[:len(groups[g])]]
+                eps = self.rollout.run(generate, [t for _, t, _ in flat], [h for _, _, h in flat])
+                for g in todo:
+                    results[g] = [e for (gg, _, _), e in zip(flat, eps) if gg == g]
+                todo = [g for g in todo if len({e.reward for e in results[g]}) == 1]
+                if not todo or attempt == self.s.resample_constant_groups:
+                    break
+                for g in todo:
+                    tasks[g] = redraw(self.task_ids, self.s.seed, step, g, attempt)
+                redrawn += len(todo)
+            flat_eps = [e for r in results for e in r]
+            metrics = trainer._metrics["train"]
+            metrics["episode/success"].append(sum(e.success for e in flat_eps) / len(flat_eps))
+            metrics["episode/turns"].append(sum(e.turns for e in flat_eps) / len(flat_eps))
+            metrics["episode/redrawn_groups"].append(float(redrawn))
+            metrics["episode/constant_groups"].append(float(len(todo)))
+            if self.s.log_kl and hasattr(model, "disable_adapter"):
+                metrics["kl_to_base"].append(kl_to_base(model, flat_eps))
+            self._store(flat_eps, step)
+        finally:
+            model.train(was_training)
+        return {"prompt_ids": [e.prompt_ids for e in flat_eps], "completion_ids": [e.completion_ids for e in flat_eps],
+                "logprobs": None, "env_mask": [e.env_mask for e in flat_eps],
+                "env_reward": [e.reward for e in flat_eps], "env_success": [float(e.success) for e in flat_eps]}
+
+    def _store(self, eps: list[TokenEpisode], step: int) -> None:
+        for i, e in enumerate(eps):
+            self.store.add(Trajectory(task_id=e.task_id, benchmark=self.bench.name, trial=step * 10_000 + i,
+                                      model=self.name, messages=e.messages, reward=e.reward, passed=e.success,
+                                      termination=e.termination, steps=e.turns, split="train",
+                                      reasons={"hinted": e.hinted, "step": step},
+                                      completion_tokens=sum(e.env_mask)))
+
+    # -- training
+    def config(self):
+        import torch
+        from trl import GRPOConfig
+
+        s = self.s
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        return GRPOConfig(
+            output_dir=str(self.out / "checkpoints"), per_device_train_batch_size=s.group_size * s.groups_per_step,
+            num_generations=s.group_size, gradient_accumulation_steps=1, max_steps=s.steps,
+            learning_rate=s.learning_rate, lr_scheduler_type="constant", warmup_steps=0, epsilon=s.epsilon,
+            epsilon_high=s.epsilon_high, beta=s.beta, temperature=s.temperature,
+            max_completion_length=s.max_turn_tokens, reward_weights=[1.0, 0.0], logging_steps=1,
+            save_strategy="steps", save_steps=s.save_steps, report_to="none", seed=s.seed,
+            data_seed=s.seed, bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available(),
+            use_vllm=s.use_vllm, vllm_mode="colocate", dataloader_num_workers=0, disable_tqdm=False)
+
+    def build(self):
+        from datasets import Dataset
+        from peft import LoraConfig
+        from torch.utils.tensorboard import SummaryWriter
+        from transformers.integrations import TensorBoardCallback
+        from trl import GRPOTrainer
+
+        def env_reward(prompts, completions, env_reward, **_):
+            return list(env_reward)
+
+        def env_success(prompts, completions, env_success, **_):
+            return list(env_success)
+
+        s = self.s
+        data = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in self.task_ids]})
+        lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
+                          target_modules=s.lora_targets, task_type="CAUSAL_LM")
+        self.trainer = GRPOTrainer(model=self.model, reward_funcs=[env_reward, env_success], args=self.config(),
+                                   train_dataset=data, processing_class=self.tok, peft_config=lora,
+                                   rollout_func=self.rollout_func,
+                                   callbacks=[TensorBoardCallback(SummaryWriter(str(self.out / "tensorboard")))])
+        return self.trainer
+
+    def train(self) -> TrainResult:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        trainer = self.trainer or self.build()
+        ckpt_dir = self.out / "checkpoints"
+        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+        trainer.train(resume_from_checkpoint=last)
+        adapter = self.out / "adapter"
+        tmp = self.out / ".adapter.tmp"
+        trainer.save_model(str(tmp))
+        if adapter.exists():
+            import shutil
+
+            shutil.rmtree(adapter)
+        tmp.rename(adapter)
+        log = [r for r in trainer.state.log_history if "reward" in r]
+        (self.out / "train_log.json").write_text(json.dumps(log, indent=1))
+        curve = self.out / "curve.png"
+        plot_curve(log, curve, f"GRPO: {self.name}")
+        return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
+
+
+def plot_curve(log: list[dict], path: Path, title: str) -> None:
+    """Reward, success, KL and episode length per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trace_rl.evals.report import save_figure
+
+    steps = [r.get("step", i + 1) for i, r in enumerate(log)]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    series = [("reward", "reward"), ("rewards/env_success/mean", "success")]
+    for key, label in series:
+        axes[0].plot(steps, [r.get(key, float("nan")) for r in log], marker=".", label=label)
+    axes[0].fill_between(steps, [r.get("reward", 0) - r.get("reward_std", 0) for r in log],
+                         [r.get("reward", 0) + r.get("reward_std", 0) for r in log], alpha=0.15)
+    axes[0].set_ylim(-0.05, 1.05)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("reward (±std) and success", fontsize=9)
+    axes[1].plot(steps, [r.get("kl_to_base", float("nan")) for r in log], marker=".", color="tab:red")
+    axes[1].set_title("KL(policy || base)", fontsize=9)
+    axes[2].plot(steps, [r.get("completions/mean_length", float("nan")) for r in log], marker=".", color="tab:green")
+    axes[2].set_title("model tokens per episode", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("step")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
