@@ -29,10 +29,40 @@ def test_in_process_policy_with_lora_runs_an_episode(tmp_path, sandbox_image):
     base = AutoModelForCausalLM.from_pretrained(hf_checkpoint("smollm2-135m"))
     get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).save_pretrained(
         tmp_path / "adapter")
-    policy = HFPolicy("smollm2-135m", adapter=str(tmp_path / "adapter"), max_new_tokens=24)
+    policy = HFPolicy.load("smollm2-135m", adapter=str(tmp_path / "adapter"), max_new_tokens=24)
     assert policy.name == "smollm2-135m+adapter"
     code = (resources.files("trace_rl.sandbox") / "envs" / "precondition_verification_airline.py").read_text()
     with SyntheticBenchmark(code, seeds=range(2), pool_size=1) as bench:
         t = run_episode(policy, bench.episode("1"), task_id="1", benchmark=bench.name, max_steps=2)
     assert t.termination in ("agent_stop", "max_steps") and t.steps >= 1 and t.completion_tokens > 0
     assert 0.0 <= t.reward <= 1.0 and policy.usage.calls == t.steps
+
+
+def test_prefix_cache_reuse_gives_the_same_answer():
+    """The second turn reuses the first turn's KV cache and must decode exactly as a fresh model."""
+    from tiny import LetterEpisode, tiny_model, tiny_tokenizer
+    from trace_rl.training.hf_policy import HFPolicy
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok)
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    warm = HFPolicy(model, tok, "tiny", max_new_tokens=12)
+    first = warm.chat(msgs, LetterEpisode.tools)
+    second = msgs + [first.to_message(), {"role": "user", "content": "more please"}]
+    reused = warm.chat(second, LetterEpisode.tools)
+    assert warm._cache is not None and warm.usage.calls == 2
+    assert reused.content == HFPolicy(model, tok, "tiny", max_new_tokens=12).chat(second, LetterEpisode.tools).content
+
+
+def test_templates_without_tools_get_them_as_text():
+    from tiny import LetterEpisode, tiny_tokenizer
+    from trace_rl.training.hf_policy import render
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_user", "arguments": '{"user_id": "u1"}'}}
+    text = render(tiny_tokenizer(), [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},
+                                     {"role": "assistant", "content": "", "tool_calls": [call]},
+                                     {"role": "tool", "tool_call_id": "c1", "content": "{\"city\": \"Oslo\"}"}],
+                  LetterEpisode.tools, add_generation_prompt=True)
+    assert '"name": "get_user"' in text.split("<|im_start|>user")[0]  # schemas in the system prompt
+    assert '<tool_call>\n{"name": "get_user", "arguments": {"user_id": "u1"}}\n</tool_call>' in text
+    assert "<tool_response>\n{\"city\": \"Oslo\"}\n</tool_response>" in text and text.endswith("assistant\n")

@@ -69,3 +69,27 @@ def test_cli_help_and_models_list():
     assert out.exit_code == 0
     for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
         assert name in out.output
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_server_ends_when_its_parent_is_killed():
+    """A run killed with SIGKILL must not leave a llama.cpp server behind."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = ("from trace_rl.training.server import LlamaServer\n"
+            "s = LlamaServer('smollm2-135m', n_ctx=512, state_cache_mb=0).start()\n"
+            "print(s.proc.pid, flush=True)\nimport time; time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    assert os.path.exists(f"/proc/{pid}")
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") \
+            and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+        time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

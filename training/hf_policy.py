@@ -106,6 +106,24 @@ def env_turn_ids(tokenizer, history: list[dict], new: list[dict], tools: list[di
     return encode(tokenizer, after[at + len(end):])
 
 
+def assistant_labels(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of a conversation: labels are the assistant turns' tokens, -100
+    elsewhere (the prompt, tool results, user turns). Used to train routing gates."""
+    ids, labels = [], []
+    done = ""
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            head = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
+            turn = render(tokenizer, messages[:i + 1], tools)
+            if not (head.startswith(done) and turn.startswith(head)):
+                raise ValueError("the chat template re-renders earlier turns differently")
+            ctx, out = encode(tokenizer, head[len(done):]), encode(tokenizer, turn[len(head):])
+            ids += ctx + out
+            labels += [-100] * len(ctx) + out
+            done = turn
+    return ids, labels
+
+
 def generate_batch(model, tokenizer, seqs: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
     """Sample one continuation per token sequence (left-padded batch), cut after the first
     end-of-turn token. Plain softmax sampling at `temperature` (no top-k/top-p), as GRPO assumes."""

@@ -5,7 +5,8 @@ layer has a gate `Linear(hidden, 1 + n)`: slot 0 is the base model (bias 5.0, so
 starts at "no adapter"), slots 1..n the adapters. Per token: k = argmax of the gate,
 g = softmax(gate)[k], and  y = W x + g · B_k A_k x  (nothing added for k = 0).
 The routed low-rank update is one fused computation over all experts (x A_cat^T, masked
-per token, then B_cat), not a loop over tokens or experts.
+per token, then B_cat), not a loop over tokens or experts. Gate training uses a straight-
+through estimator: hard top-1 forward, the dense mixture's gradient backward.
 """
 from __future__ import annotations
 
@@ -38,6 +39,26 @@ class Adapter:
                 scaling = mod.scaling[name]
         if not weights:
             raise ValueError(f"adapter {name!r} has no LoRA Linear layers in this model")
+        return cls(name, weights, float(scaling))
+
+
+    @classmethod
+    def from_dir(cls, name: str, path: str | Path) -> "Adapter":
+        """Read a peft LoRA adapter folder (adapter_config.json + adapter_model.safetensors)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        cfg = json.loads((path / "adapter_config.json").read_text())
+        r, alpha = cfg["r"], cfg["lora_alpha"]
+        scaling = alpha / (r ** 0.5) if cfg.get("use_rslora") else alpha / r
+        tensors = load_file(str(path / "adapter_model.safetensors"))
+        weights = {}
+        for key, A in tensors.items():
+            if key.endswith(".lora_A.weight"):
+                module = key[: -len(".lora_A.weight")].replace("base_model.model.", "", 1)
+                weights[module] = (A, tensors[key.replace(".lora_A.", ".lora_B.")])
+        if not weights:
+            raise ValueError(f"{path} holds no LoRA A/B weights")
         return cls(name, weights, float(scaling))
 
 
@@ -94,6 +115,12 @@ class LayerGate(nn.Module):
         self.routing.route, self.routing.gate, self.routing.probs = route, gate, probs
         n = logits.shape[-1] - 1
         sel = F.one_hot(route, n + 1)[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
+        if torch.is_grad_enabled() and self.routing.force is None:
+            # Straight-through: the forward value stays hard top-1 (exactly what inference runs),
+            # the gradient is the dense mixture's, Σ_k p_k B_k A_k x. With hard top-1 alone, tokens
+            # on slot 0 (where every token starts, bias 5.0) would give the gates no gradient.
+            soft = probs[..., 1:].to(gate.dtype)
+            sel = sel.detach() + soft - soft.detach()
         self.routing.mask = sel.repeat_interleave(self.routing.rank, dim=-1)  # shared by the layer's Linears
 
 

@@ -34,6 +34,9 @@ class LlamaServer:
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
     chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
+    # Keep several prompt states, not one: an agent and its user simulator on one server
+    # alternate prompts, and a single-slot cache would re-read the whole prompt every call.
+    state_cache_mb: int = 3072
     startup_timeout: float = 180.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -52,9 +55,13 @@ class LlamaServer:
         self.port = self.port or free_port()
         log_path = cache_dir() / "logs" / f"llama-server-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--model_alias", self.model_name,
+        # Through our own entry point, which exits when this process dies (a killed run leaves no server).
+        cmd = [sys.executable, "-m", "trace_rl.training.server", str(os.getpid()), "--model", str(path),
+               "--model_alias", self.model_name,
                "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-               "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
+               "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else []) \
+            + (["--cache", "true", "--cache_type", "ram", "--cache_size", str(self.state_cache_mb << 20)]
+               if self.state_cache_mb else [])
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
@@ -93,3 +100,25 @@ class LlamaServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _serve_while_parent_lives() -> None:
+    """`python -m trace_rl.training.server PARENT_PID <llama_cpp.server args>`: llama.cpp's
+    server, ended as soon as PARENT_PID is gone (even if that process was SIGKILLed)."""
+    import threading
+
+    parent = int(sys.argv.pop(1))
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+    from llama_cpp.server.__main__ import main
+
+    main()
+
+
+if __name__ == "__main__":
+    _serve_while_parent_lives()

@@ -1,0 +1,90 @@
+"""Composition on tiny models: adapters from disk, the four modes, the router, gate data, artefact."""
+import torch
+
+from tiny import LetterEpisode, tiny_model, tiny_tokenizer
+from trace_rl.training.compose import Composition, compose, gate_examples, load
+from trace_rl.training.hf_policy import HFPolicy, assistant_labels
+from trace_rl.training.moe import Adapter, LoRAMoE
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+CAPS = [{"name": "precondition_checking", "description": "Checks rules before acting."},
+        {"name": "tool_argument_precision", "description": "Passes exact ids to tools."}]
+MSGS = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Go 1"}]
+
+
+def saved_adapter(tok, path, seed):
+    """A peft adapter with non-zero B saved to `path` (peft starts B at 0, which hides bugs)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_model(tok), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g))
+    model.save_pretrained(path)
+    return model.eval()
+
+
+def test_adapter_from_dir_equals_from_peft(tmp_path):
+    tok = tiny_tokenizer()
+    peft_model = saved_adapter(tok, tmp_path / "a", 1)
+    a, b = Adapter.from_dir("default", tmp_path / "a"), Adapter.from_peft("default", peft_model)
+    assert a.scaling == b.scaling == 2.0 and a.weights.keys() == b.weights.keys()
+    assert all(torch.equal(a.weights[k][0], b.weights[k][0]) and torch.equal(a.weights[k][1], b.weights[k][1])
+               for k in a.weights)
+
+
+def test_modes_reproduce_base_and_single_adapters(tmp_path):
+    tok = tiny_tokenizer()
+    peft_models = [saved_adapter(tok, tmp_path / c["name"], i + 1) for i, c in enumerate(CAPS)]
+    moe = LoRAMoE(tiny_model(tok), [Adapter.from_dir(c["name"], tmp_path / c["name"]) for c in CAPS])
+    comp = Composition(moe, tok, CAPS, max_new_tokens=10)
+    assert comp.modes == ["base", "precondition_checking", "tool_argument_precision", "router", "moe"]
+    want_base = HFPolicy(tiny_model(tok), tok, "base", max_new_tokens=10).chat(MSGS, LetterEpisode.tools).content
+    assert comp.policy("base").chat(MSGS, LetterEpisode.tools).content == want_base
+    for cap, pm in zip(CAPS, peft_models):
+        want = HFPolicy(pm, tok, cap["name"], max_new_tokens=10).chat(MSGS, LetterEpisode.tools).content
+        assert comp.policy(cap["name"]).chat(MSGS, LetterEpisode.tools).content == want != want_base
+    # the router decides once per conversation and its choice is a valid slot
+    router = comp.policy("router")
+    router.chat(MSGS, LetterEpisode.tools)
+    router.chat(MSGS + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}], LetterEpisode.tools)
+    assert len(comp.routes) == 1 and list(comp.routes.values())[0] in range(len(CAPS) + 1)
+    assert "precondition_checking: Checks rules before acting." in comp.router.prompt(MSGS)
+
+
+def test_assistant_labels_cover_exactly_the_assistant_turns():
+    tok = tiny_tokenizer()
+    call = {"id": "c", "type": "function", "function": {"name": "get_user", "arguments": '{"user_id": "u1"}'}}
+    msgs = MSGS + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "c", "content": '{"city": "Oslo"}'},
+                   {"role": "assistant", "content": "It is Oslo."}]
+    ids, labels = assistant_labels(tok, msgs, LetterEpisode.tools)
+    from trace_rl.training.hf_policy import encode, render
+
+    assert ids == encode(tok, render(tok, msgs, LetterEpisode.tools))
+    trained = tok.decode([i for i, l in zip(ids, labels) if l != -100])
+    assert trained == ('<tool_call>\n{"name": "get_user", "arguments": {"user_id": "u1"}}\n</tool_call><|im_end|>\n'
+                       "It is Oslo.<|im_end|>\n")
+    assert "Oslo\"}" not in trained.split("It is")[0]  # the tool result is context, not a label
+
+
+def test_compose_trains_gates_and_round_trips(tmp_path):
+    tok = tiny_tokenizer()
+    for i, c in enumerate(CAPS):
+        saved_adapter(tok, tmp_path / c["name"], i + 1)
+    convs = [(MSGS + [{"role": "assistant", "content": "aaaa a"}], LetterEpisode.tools)] * 3
+    assert len(gate_examples(tok, convs)) == 3
+    moe = compose(tiny_model(tok), tok, {c["name"]: tmp_path / c["name"] for c in CAPS}, CAPS, convs,
+                  tmp_path / "moe", epochs=2, lr=1e-2)
+    manifest = (tmp_path / "moe" / "manifest.json").read_text()
+    assert '"examples": 3' in manifest and "precondition_checking" in manifest
+    assert any(not torch.equal(g.proj.weight, torch.zeros_like(g.proj.weight)) for g in moe.gates)
+    again = load(tiny_model(tok), tok, tmp_path / "moe")
+    assert [c["name"] for c in again.caps] == [c["name"] for c in CAPS]
+    ids = torch.tensor([[5, 6, 7, 8]])
+    moe.force(None)
+    again.moe.force(None)
+    with torch.no_grad():
+        torch.testing.assert_close(again.moe(input_ids=ids).logits, moe(input_ids=ids).logits)

@@ -1,0 +1,146 @@
+"""Composition at inference (TRACE §5): the base loaded once with every capability adapter,
+evaluated four ways through the same agent loop:
+
+- `base`      every token on slot 0 (exactly the base model);
+- `<name>`    every token on one adapter (exactly that single LoRA);
+- `router`    the baseline: the base model, asked as a classifier over the capability
+              descriptions plus "base", picks one adapter per conversation (top-1);
+- `moe`       the learned token-level top-1 gates.
+
+`compose()` trains the gates on successful rollouts and saves one artefact (adapters +
+gates + manifest); `load()` brings it back for evaluation or serving.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from trace_rl import prompts
+from trace_rl.training.hf_policy import HFPolicy, assistant_labels, encode, render
+from trace_rl.training.moe import Adapter, LoRAMoE, train_gates
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def task_text(messages: list[dict], budget: int = 1500) -> str:
+    """What the router reads: the end of the system prompt (tickets sit there in telecom solo
+    mode) and the user's first message (where airline/retail users state the task)."""
+    system = next((m.get("content") or "" for m in messages if m["role"] == "system"), "")
+    user = next((m.get("content") or "" for m in messages if m["role"] == "user"), "")
+    return (("..." + system[-budget:]) if len(system) > budget else system) + "\n\n" + user[:budget]
+
+
+class ClassifierRouter:
+    """Top-1 per conversation: the option letter the base model scores highest next."""
+
+    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict]):
+        if len(capabilities) + 1 > len(LETTERS):
+            raise ValueError(f"the router handles at most {len(LETTERS) - 1} capabilities")
+        self.moe, self.tok, self.caps = moe, tokenizer, capabilities
+        self.letter_ids = [encode(tokenizer, LETTERS[i])[0] for i in range(len(capabilities) + 1)]
+
+    def prompt(self, messages: list[dict]) -> str:
+        options = ["A) base: none of the capabilities below is needed"] + [
+            f"{LETTERS[i + 1]}) {c['name']}: {c['description']}" for i, c in enumerate(self.caps)]
+        text = prompts.load("router", task=task_text(messages), options="\n".join(options))
+        return render(self.tok, [{"role": "user", "content": text}], add_generation_prompt=True)
+
+    def choose(self, messages: list[dict]) -> int:
+        """0 = base, k = adapter k. Scored with every token on the base (slot 0)."""
+        import torch
+
+        ids = torch.tensor([encode(self.tok, self.prompt(messages))], device=next(self.moe.parameters()).device)
+        self.moe.force(0)
+        with torch.no_grad():
+            logits = self.moe(input_ids=ids).logits[0, -1]
+        return int(torch.argmax(logits[self.letter_ids]))
+
+
+class Composition:
+    """One base model with n adapters; `policy(mode)` gives an agent policy for each mode."""
+
+    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict], name: str = "composed",
+                 max_new_tokens: int = 256):
+        self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
+        self.router = ClassifierRouter(moe, tokenizer, capabilities)
+        self.max_new_tokens = max_new_tokens
+        self.routes: dict[str, int] = {}  # conversation -> chosen slot (router mode), for the report
+        self._lock = threading.Lock()  # the modes share one model: one generate at a time
+
+    @property
+    def modes(self) -> list[str]:
+        return ["base", *[c["name"] for c in self.caps], "router", "moe"]
+
+    def policy(self, mode: str) -> HFPolicy:
+        names = [c["name"] for c in self.caps]
+        if mode not in self.modes:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes)}")
+        pol = HFPolicy(self.moe.model, self.tok, f"{self.name}:{mode}", max_new_tokens=self.max_new_tokens)
+        pol._lock = self._lock
+        if mode == "base":
+            pol.before_generate = lambda messages, tools: self.moe.force(0)
+        elif mode == "moe":
+            pol.before_generate = lambda messages, tools: self.moe.force(None)
+        elif mode == "router":
+            def route(messages, tools):
+                key = task_text(messages)
+                if key not in self.routes:
+                    self.routes[key] = self.router.choose(messages)
+                self.moe.force(self.routes[key])
+            pol.before_generate = route
+        else:
+            slot = names.index(mode) + 1
+            pol.before_generate = lambda messages, tools: self.moe.force(slot)
+        return pol
+
+
+def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]], max_len: int = 4096) -> list[dict]:
+    """(messages, tools) of successful rollouts -> gate-training rows (labels on assistant tokens)."""
+    import torch
+
+    rows = []
+    for messages, tools in conversations:
+        ids, labels = assistant_labels(tokenizer, messages, tools)
+        ids, labels = ids[:max_len], labels[:max_len]
+        if any(l != -100 for l in labels):
+            rows.append({"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])})
+    return rows
+
+
+def load_base(model: str):
+    """(model, tokenizer) of an embedded model name or a transformers checkpoint directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_rl.training.models import hf_checkpoint
+
+    path = hf_checkpoint(model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[dict],
+            conversations: list[tuple[list[dict], list[dict]]], out_dir: str | Path, epochs: int = 3,
+            lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3) -> LoRAMoE:
+    """Build the MoE from trained adapters, train its gates on successful rollouts
+    (token cross-entropy + load balance, TRACE §5 defaults) and save one artefact."""
+    moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
+    rows = gate_examples(tokenizer, conversations)
+    losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
+    out = Path(out_dir)
+    moe.save(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.update({"capabilities": capabilities, "gate_training": {
+        "examples": len(rows), "epochs": epochs, "lr": lr, "lb_weight": lb_weight,
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return moe
+
+
+def load(model, tokenizer, path: str | Path, **kw) -> Composition:
+    """A saved composition (see `compose`) on an already loaded base model."""
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    return Composition(LoRAMoE.load(model, path), tokenizer, manifest.get("capabilities") or
+                       [{"name": n, "description": n} for n in manifest["adapters"]], **kw)
