@@ -1,7 +1,7 @@
 """The base agent: a tool-calling loop against any benchmark episode.
 
 Every way an episode can end is an explicit `termination` in the trajectory
-(agent_stop, user_stop, max_steps, context_length, llm_error, ...), never a crash.
+(agent_stop, user_stop, max_steps, context_length, llm_error, env_error, ...), never a crash.
 """
 from __future__ import annotations
 
@@ -65,12 +65,19 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
     t0 = time.perf_counter()
     started = time.time()
     max_steps = max_steps or episode.max_steps
-    obs = episode.reset()
-    messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
     stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0,
                  completion_tokens=0)
-    termination = obs.reason if obs.done else None
     error = None
+    try:
+        obs = episode.reset()
+    except Exception as err:  # e.g. the user simulator failed on its first turn
+        episode.close()
+        return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name,
+                          messages=[], reward=0.0, passed=False, termination="env_error",
+                          reasons={"error": f"{type(err).__name__}: {err}"[:2000]}, seconds=time.perf_counter() - t0,
+                          started_at=started, split=split, **stats)
+    messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
+    termination = obs.reason if obs.done else None
     while termination is None:
         if stats["steps"] >= max_steps:
             termination = "max_steps"
@@ -89,7 +96,11 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         stats["text_tool_calls"] += len(reply.tool_calls) if reply.tool_calls_from_text else 0
         msg = reply.to_message()  # one turn is either text or tool calls (tau2's rule)
         messages.append(msg)
-        obs = episode.step(msg.get("content") or "", msg.get("tool_calls") or [])
+        try:
+            obs = episode.step(msg.get("content") or "", msg.get("tool_calls") or [])
+        except Exception as err:  # the environment or its user simulator failed: recorded, not raised
+            termination, error = "env_error", f"{type(err).__name__}: {err}"[:2000]
+            break
         messages.extend(obs.messages)
         if obs.done:
             termination = obs.reason or "agent_stop"

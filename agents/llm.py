@@ -164,12 +164,16 @@ _servers: dict[tuple[str, int], Any] = {}
 _servers_lock = threading.Lock()
 
 
-def local_endpoint(model: str, n_ctx: int = 16384) -> tuple[str, str]:
-    """(base_url, served name) for a local model, starting one llama.cpp server per model."""
+def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent") -> tuple[str, str]:
+    """(base_url, served name) for a local model, starting one llama.cpp server per (model,
+    instance). An agent and its user simulator get separate instances: llama.cpp keeps one
+    prompt prefix per server, and two alternating conversations on one server would re-read
+    the whole prompt on every call (llama-cpp-python's multi-state RAM cache copies the full
+    logits with each state, ~3 GB per 5k-token prompt with Qwen's vocabulary: not usable)."""
     from trace_rl.training.server import LlamaServer
 
     with _servers_lock:
-        key = (model, n_ctx)
+        key = (model, n_ctx, instance)
         if key not in _servers:
             _servers[key] = LlamaServer(model, n_ctx=n_ctx).start()
             atexit.register(_servers[key].stop)

@@ -41,7 +41,7 @@ def main():
         llm.chat([{"role": "user", "content": "hi"}], max_tokens=1)  # start the server outside the timing
         llm.usage.__init__()
         rows["llama.cpp (server)"] = measure(llm, bench, args.episodes, args.max_steps, args.max_tokens)
-        rows["transformers (in-process, fp32)"] = measure(HFPolicy(args.model, max_new_tokens=args.max_tokens),
+        rows["transformers (in-process, fp32)"] = measure(HFPolicy.load(args.model, max_new_tokens=args.max_tokens),
                                                           bench, args.episodes, args.max_steps, args.max_tokens)
     table = Table("backend", "episodes/min", "generated tok/s (model time)", "prompt tok", "completion tok", "mean reward",
                   title=f"{args.model}: {args.episodes} episodes, <= {args.max_steps} turns, <= {args.max_tokens} tokens a turn")

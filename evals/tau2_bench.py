@@ -286,7 +286,7 @@ class Tau2Benchmark(Benchmark):
         if cfg.base_url:
             base, name = cfg.base_url, cfg.model
         else:
-            base, name = local_endpoint(cfg.model, cfg.n_ctx)
+            base, name = local_endpoint(cfg.model, cfg.n_ctx, instance="user-simulator")
         return f"openai/{name}", {"api_base": base, "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY", "sk-local"),
                                   "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
 

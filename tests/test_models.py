@@ -81,7 +81,7 @@ def test_server_ends_when_its_parent_is_killed():
     import time
 
     code = ("from trace_rl.training.server import LlamaServer\n"
-            "s = LlamaServer('smollm2-135m', n_ctx=512, state_cache_mb=0).start()\n"
+            "s = LlamaServer('smollm2-135m', n_ctx=512).start()\n"
             "print(s.proc.pid, flush=True)\nimport time; time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid = int(parent.stdout.readline())

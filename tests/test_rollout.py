@@ -146,3 +146,37 @@ def test_demo_sample_shows_real_model_turns():
     assert len(trajs) == 3 and all(t.model == "qwen2.5-coder-0.5b" and t.steps > 0 for t in trajs)
     text = sample_turns(trajs[0])
     assert "agent> get_customer_by_phone(" in text
+
+
+class BrokenEpisode:
+    """An environment that fails: at reset, or at its first step."""
+    system_prompt, tools, max_steps = "s", [], 5
+
+    def __init__(self, fail_at):
+        self.fail_at, self.closed = fail_at, False
+
+    def reset(self):
+        from trace_rl.evals.benchmark import Observation
+
+        if self.fail_at == "reset":
+            raise ConnectionError("user simulator unreachable")
+        return Observation([{"role": "user", "content": "hi"}])
+
+    def step(self, content, tool_calls):
+        raise ConnectionError("user simulator unreachable")
+
+    def score(self, termination):
+        from trace_rl.evals.benchmark import Score
+
+        return Score(0.0, False, {"termination": termination})
+
+    def close(self):
+        self.closed = True
+
+
+def test_environment_failures_are_recorded_outcomes():
+    for where in ("reset", "step"):
+        ep = BrokenEpisode(where)
+        traj = run_episode(ScriptedLLM(["hello"] * 3), ep, task_id="t", benchmark="b")
+        assert traj.termination == "env_error" and not traj.passed and ep.closed
+        assert "user simulator unreachable" in traj.reasons["error"]

@@ -34,9 +34,6 @@ class LlamaServer:
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
     chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
-    # Keep several prompt states, not one: an agent and its user simulator on one server
-    # alternate prompts, and a single-slot cache would re-read the whole prompt every call.
-    state_cache_mb: int = 3072
     startup_timeout: float = 180.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -59,9 +56,7 @@ class LlamaServer:
         cmd = [sys.executable, "-m", "trace_rl.training.server", str(os.getpid()), "--model", str(path),
                "--model_alias", self.model_name,
                "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-               "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else []) \
-            + (["--cache", "true", "--cache_type", "ram", "--cache_size", str(self.state_cache_mb << 20)]
-               if self.state_cache_mb else [])
+               "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
