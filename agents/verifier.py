@@ -189,8 +189,8 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
         firsts = []
         solved = []
         for seed in seeds:
-            obs = s.call("reset", seed)
-            firsts.append(json.dumps(obs["messages"], sort_keys=True))
+            obs = s.call("reset", seed)  # the task may sit in the system prompt (tau2 solo mode)
+            firsts.append(json.dumps([obs["system_prompt"], obs["messages"]], sort_keys=True))
             r, tr = episode(seed, solver(s))
             solved.append(float(r["reward"]))
             if seed == 0:

@@ -68,7 +68,7 @@ class Environment:
                     if not isinstance(args, dict):
                         raise ValueError("arguments must be a JSON object")
                     result = getattr(self, "tool_" + name)(**args)
-                    content = json.dumps(result)
+                    content = result if isinstance(result, str) else json.dumps(result)  # tau2: text as is
                 except Exception as e:  # tau2 returns tool errors as text, so do we
                     result, content = None, f"Error: {e}"
                 self.calls.append((name, args, result))
