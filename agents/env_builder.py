@@ -9,6 +9,7 @@ is kept: env.py, verifier_report.json (with calibration figures when run).
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -99,6 +100,54 @@ def write_env(llm, capability: dict, target: Target, examples: list[str], feedba
     raise ValueError(f"env-builder produced no valid module after {attempts} tries: {last}")
 
 
+def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
+    return Path(out_dir) / f"attempt_{rnd:02d}"
+
+
+def build_attempt(builder, capability: dict, target: Target, examples: list[str], out_dir: str | Path, rnd: int,
+                  feedback: str | None = None, previous: str | None = None) -> dict:
+    """Round `rnd` of the builder: attempt_XX/env.py, or attempt_XX/builder_error.json when the
+    builder gave no valid module. A round already on disk is returned as it is (resume)."""
+    adir = attempt_dir(out_dir, rnd)
+    if (adir / "env.py").is_file():
+        return {"round": rnd, "env": str(adir / "env.py")}
+    if (adir / "builder_error.json").is_file():
+        return {"round": rnd, "error": json.loads((adir / "builder_error.json").read_text())["error"]}
+    adir.mkdir(parents=True, exist_ok=True)
+    try:
+        draft = write_env(builder, capability, target, list(examples), feedback, previous)
+    except ValueError as err:
+        atomic_write_json(adir / "builder_error.json", {"error": str(err)})
+        return {"round": rnd, "error": str(err)}
+    tmp = adir / ".env.py.tmp"
+    tmp.write_text(draft.code)
+    tmp.replace(adir / "env.py")
+    return {"round": rnd, "env": str(adir / "env.py")}
+
+
+def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyConfig = VerifyConfig(),
+                   reviewer=None, base_policy=None) -> dict:
+    """Verify one attempt (cached in verifier_report.json); writes the attempt's manifest.json.
+    Returns the report as a dict, with `feedback` for the next round."""
+    if "env" not in attempt:
+        return {"passed": False, "feedback": f"the builder gave no valid module: {attempt['error']}"}
+    env = Path(attempt["env"])
+    cached = env.parent / "verifier_report.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    code = env.read_text()
+    report: VerifierReport = verify(code, target.tools, capability, cfg, reviewer, base_policy)
+    out = {**report.to_dict(), "feedback": report.feedback()}
+    tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
+    atomic_write_json(env.parent / "manifest.json", {
+        "capability": capability["name"], "description": capability.get("description", ""), "target": target.name,
+        "round": attempt["round"], "tools": tools, "passed": report.passed,
+        "sha256": hashlib.sha256(code.encode()).hexdigest(),
+        "calibration": {k: v for k, v in (report.calibration or {}).items() if k != "groups"} or None})
+    atomic_write_json(cached, out)
+    return out
+
+
 def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, examples: list[str] = (),
                reviewer=None, base_policy=None, cfg: VerifyConfig = VerifyConfig(), max_rounds: int = 5,
                log=print) -> dict:
@@ -108,24 +157,40 @@ def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, e
     out = Path(out_dir)
     feedback = previous = None
     for rnd in range(1, max_rounds + 1):
-        adir = out / f"attempt_{rnd:02d}"
-        adir.mkdir(parents=True, exist_ok=True)
-        try:
-            draft = write_env(builder, capability, target, list(examples), feedback, previous)
-        except ValueError as err:
-            atomic_write_json(adir / "verifier_report.json", {"passed": False, "builder_error": str(err)})
-            feedback, previous = str(err), previous
-            log(f"round {rnd}: builder failed: {err}")
-            continue
-        (adir / "env.py").write_text(draft.code)
-        report: VerifierReport = verify(draft.code, target.tools, capability, cfg, reviewer, base_policy)
-        atomic_write_json(adir / "verifier_report.json", report.to_dict())
-        log(f"round {rnd}: {'passed' if report.passed else 'failed: ' + ', '.join(f.check for f in report.failures())}")
-        if report.passed:
-            result = {"status": "verified", "rounds": rnd, "env": str(adir / "env.py")}
+        attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous)
+        report = verify_attempt(attempt, capability, target, cfg, reviewer, base_policy)
+        failed = [f["check"] for f in report.get("findings", []) if not f["passed"]] or ["builder"]
+        log(f"round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")
+        if report["passed"]:
+            result = {"status": "verified", "rounds": rnd, "env": attempt["env"]}
             atomic_write_json(out / "result.json", result)
             return result
-        feedback, previous = report.feedback(), draft.code
+        feedback = report["feedback"]
+        previous = Path(attempt["env"]).read_text() if "env" in attempt else previous
     result = {"status": "needs_human", "rounds": max_rounds, "env": None, "last_findings": feedback}
     atomic_write_json(out / "result.json", result)
     return result
+
+
+def library() -> dict[str, Path]:
+    """Hand-written, verified environments shipped with trace-rl: {module name: path}.
+    Named `<capability>_<target domain>.py`; a human (or an unattended run that allows it)
+    can use one when the builder's attempts for that capability all fail."""
+    root = resources.files("trace_rl.sandbox") / "envs"
+    return {p.name[:-3]: Path(str(p)) for p in root.iterdir() if p.name.endswith(".py")}
+
+
+def library_match(capability: dict, target: str) -> Path | None:
+    """The library environment for `target` (e.g. tau2:telecom) whose capability shares the
+    most words with this capability's name and description; None if the target has none."""
+    domain = target.split(":")[-1]
+    words = set(re.findall(r"[a-z]+", (capability["name"] + " " + capability.get("description", "")).lower()))
+    best, best_score = None, -1
+    for name, path in sorted(library().items()):
+        if not name.endswith("_" + domain):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        score = len(words & set(re.findall(r"[a-z]+", (name + " " + doc).lower())))
+        if score > best_score:
+            best, best_score = path, score
+    return best

@@ -55,6 +55,7 @@ class VerifierReport:
     findings: list[Finding]
     review: dict | None = None
     calibration: dict | None = None
+    samples: dict = field(default_factory=dict)  # a few episodes, for the human reviewing the env
 
     @property
     def passed(self) -> bool:
@@ -65,7 +66,7 @@ class VerifierReport:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "findings": [asdict(f) for f in self.findings],
-                "review": self.review, "calibration": self.calibration}
+                "review": self.review, "calibration": self.calibration, "samples": self.samples}
 
     def feedback(self) -> str:
         """What goes back to the env-builder."""
@@ -292,7 +293,7 @@ def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyCon
            reviewer=None, base_policy=None) -> VerifierReport:
     """Automatic checks; then (if they pass) the LLM review; then (if given) calibration."""
     findings, samples = automatic_checks(code, target_tools, cfg)
-    report = VerifierReport(findings)
+    report = VerifierReport(findings, samples={k: v[:16] for k, v in samples.items() if k in ("solver", "do_nothing")})
     if report.passed and reviewer is not None:
         report.review = llm_review(reviewer, code, capability, samples)
         ok = report.review["verdict"].startswith("pass")

@@ -85,6 +85,16 @@ class Benchmark(ABC):
     @abstractmethod
     def episode(self, task_id: str) -> Episode: ...
 
+    def spec(self) -> dict:
+        """What a synthesized environment must imitate: {"tools", "policy", "system_prompt"}.
+        The default reads one episode of the first split; adapters may answer more cheaply."""
+        ep = self.episode(self.tasks(self.splits()[0])[0].id)
+        try:
+            ep.reset()
+            return {"tools": ep.tools, "policy": ep.system_prompt, "system_prompt": ep.system_prompt}
+        finally:
+            ep.close()
+
     def task(self, task_id: str, split: str | None = None) -> Task:
         for s in [split] if split else self.splits():
             for t in self.tasks(s):

@@ -296,6 +296,10 @@ class Tau2Benchmark(Benchmark):
         user_llm, user_args = (None, None) if self.solo or not with_user else self._user_llm()
         return Tau2Episode(self.domain, task, self.solo, user_llm, user_args, max_steps=self.max_steps)
 
+    def spec(self) -> dict:
+        ep = self.episode(self.tasks(self.splits()[0])[0].id, with_user=False)
+        return {"tools": ep.tools, "policy": ep.env.get_policy(), "system_prompt": ep.system_prompt}
+
     def gold_actions(self, task_id: str) -> list[dict]:
         """The task's reference actions as OpenAI tool calls (for replay tests)."""
         task = self._tau2_task(task_id)

@@ -1,0 +1,186 @@
+"""The run configuration: one validated model, presets, YAML/TOML files, errors that name the field."""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trace_rl.agents.analyst import AnalysisConfig
+from trace_rl.agents.verifier import VerifyConfig
+from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
+
+
+class ModelSpec(Strict):
+    model: str = Field(description="embedded model name, path to a .gguf, or a model name at base_url")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; unset = serve `model` locally")
+    max_tokens: int = Field(1024, ge=16)
+    temperature: float = Field(0.0, ge=0)
+
+
+class AgentSettings(Strict):
+    max_steps: int = Field(30, ge=1)
+    max_tokens: int = Field(512, ge=16)
+    temperature: float = Field(0.0, ge=0)
+    concurrency: int = Field(1, ge=1)
+
+
+class LoopSettings(Strict):
+    """The autonomous loop: re-roll-out with the composed model, re-analyse, train what is newly
+    lacking, until a budget runs out or no new capability is found."""
+    enabled: bool = False
+    max_iterations: int = Field(3, ge=1)
+    max_rollouts: int = Field(10_000, ge=1, description="episodes over all iterations")
+    max_hours: float = Field(24.0, gt=0)
+    max_tokens: int = Field(100_000_000, ge=1, description="LLM tokens over all iterations")
+
+
+class ComposeSettings(Strict):
+    epochs: int = Field(3, ge=1)
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    lb_weight: float = Field(1e-3, ge=0)
+
+
+class RunConfig(Strict):
+    benchmark: str = Field("tau2:telecom", description="target benchmark, e.g. tau2:telecom, tau2:airline")
+    rollout_split: str = Field("train", description="tasks the base agent is rolled out on for analysis")
+    eval_split: str = Field("test", description="tasks for the final base-vs-composed evaluation")
+    rollout_tasks: int = Field(0, ge=0, description="first N tasks of rollout_split (0 = all)")
+    eval_tasks: int = Field(0, ge=0, description="first N tasks of eval_split (0 = all)")
+    trials: int = Field(1, ge=1)
+    base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
+    base_url: str | None = None
+    train_model: str | None = Field(None, description="transformers checkpoint of the base (default: made from base_model)")
+    user_model: ModelSpec | None = Field(None, description="user simulator (airline/retail); default: base_model")
+    analyst: ModelSpec = ModelSpec(model="qwen2.5-coder-1.5b", max_tokens=2048)
+    builder: ModelSpec = ModelSpec(model="qwen2.5-coder-1.5b", max_tokens=4096)
+    reviewer: ModelSpec | None = Field(None, description="verifier LLM; default: the builder's model")
+    agent: AgentSettings = AgentSettings()
+    analysis: AnalysisConfig = AnalysisConfig()
+    verify: VerifyConfig = VerifyConfig()
+    calibrate: bool = Field(True, description="calibrate each environment with the base model (TRACE §3)")
+    build_rounds: int = Field(5, ge=1, description="builder/verifier rounds before a human is asked")
+    library_fallback: bool = Field(False, description="when all rounds fail, use a shipped verified environment "
+                                                      "for the same target, if one matches (recorded as such)")
+    max_capabilities: int = Field(4, ge=1, description="kept capabilities trained, best mean Δ first")
+    grpo: GRPOSettings = GRPOSettings()
+    train_seeds: int = Field(1000, ge=1, description="environment seeds used for training")
+    heldout_seeds: int = Field(20, ge=1, description="environment seeds (disjoint) for before/after success")
+    compose: ComposeSettings = ComposeSettings()
+    approvals: list[Literal["capabilities", "environments"]] = Field(
+        default_factory=lambda: ["capabilities", "environments"], description="where a human is asked")
+    auto_approve: bool = Field(False, description="approve every pending item (unattended runs)")
+    loop: LoopSettings = LoopSettings()
+    components: str | None = Field(None, description="module:function building the stage components "
+                                                      "(LLMs, models); unset = the real ones from this config")
+
+
+PRESETS: dict[str, dict] = {
+    # the method's settings (TRACE §2-5), for a GPU and a real endpoint
+    "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
+    # the whole pipeline on the embedded models on a 2-core CPU, well under an hour
+    "demo": {
+        "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3,
+        "eval_tasks": 2, "base_model": "qwen2.5-coder-0.5b",
+        "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
+        "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 2500},
+        "agent": {"max_steps": 8, "max_tokens": 160},
+        "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
+                     "discovery_examples": 3, "concurrency": 1},
+        "verify": {"seeds": 12, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},
+        "build_rounds": 1, "library_fallback": True, "max_capabilities": 1,
+        "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 6, "group_size": 4, "groups_per_step": 1},
+        "train_seeds": 200, "heldout_seeds": 6,
+        "compose": {"epochs": 1}, "approvals": ["capabilities", "environments"], "auto_approve": True,
+    },
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def describe(err: ValidationError, source: str) -> str:
+    """One line per problem: the field's dotted path, what is wrong, the value given."""
+    lines = [f"{source}: invalid run configuration"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  - {path}: unknown field; check the spelling (fields: `trace-rl run --show-config`)")
+        else:
+            lines.append(f"  - {path}: {e['msg']} (got {json.dumps(e.get('input'), default=str)[:80]})")
+    return "\n".join(lines)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: use a .yaml, .toml or .json file")
+    except ConfigError:
+        raise
+    except Exception as err:  # a syntax error in the file: say where
+        raise ConfigError(f"{path}: cannot parse: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of fields")
+    return data
+
+
+def load_config(path: str | Path | None = None, preset: str | None = None, overrides: dict | None = None) -> RunConfig:
+    """preset < file < overrides, validated once; a ConfigError names every bad field."""
+    data: dict = {}
+    if preset:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        data = PRESETS[preset]
+    if path:
+        data = _deep_merge(data, read_file(path))
+    data = _deep_merge(data, overrides or {})
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(describe(err, str(path or f"preset {preset}" if preset else "config"))) from None
+    from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
+
+    if cfg.components:  # its module may register the benchmark it targets
+        try:
+            importlib.import_module(cfg.components.partition(":")[0])
+        except ImportError as err:
+            raise ConfigError(f"components: cannot import {cfg.components!r}: {err}") from None
+
+    try:
+        bench = load_benchmark(cfg.benchmark)
+        for split, field in ((cfg.rollout_split, "rollout_split"), (cfg.eval_split, "eval_split")):
+            if split not in bench.splits():
+                raise ConfigError(f"{field}: {cfg.benchmark} has no split {split!r}; choose one of "
+                                  f"{', '.join(bench.splits())}")
+    except BenchmarkError as err:
+        raise ConfigError(f"benchmark: {err}") from None
+    return cfg

@@ -1,0 +1,612 @@
+"""The TRACE pipeline as a LangGraph state machine, resumable after any crash.
+
+    rollout → analyse → select ─┬→ next_capability → build → verify ─┬→ approve_env → train → next_capability …
+                                │                      ↑______________│ (findings back, ≤ build_rounds)
+                                └→ compose → evaluate → report → (autonomous loop: rollout again) → END
+
+Every node does its work through on-disk caches (the trajectory store, the analyst's label
+cache, one folder per builder round, GRPO checkpoints, the composition artefact), so a node
+killed half-way and re-entered on resume redoes nothing. The graph state holds small figures
+and paths; artefacts live in the run directory. Approvals are LangGraph interrupts; decisions
+are recorded in RUN_DIR/approvals.json (by `trace-rl approve`, the web page, or auto-approve).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import operator
+import os
+import signal
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, TypedDict
+
+from trace_rl.evals.rollout import atomic_write_json
+from trace_rl.graph.config import RunConfig
+
+
+# ---------------------------------------------------------------- state
+def _merge(a: dict, b: dict) -> dict:
+    return {**(a or {}), **(b or {})}
+
+
+def _add_times(a: dict, b: dict) -> dict:
+    out = dict(a or {})
+    for k, v in (b or {}).items():
+        out[k] = round(out.get(k, 0.0) + v, 2)
+    return out
+
+
+class State(TypedDict, total=False):
+    iteration: int
+    capabilities: list[dict]  # this iteration's analysis: figures, status
+    queue: list[str]  # approved capabilities still to build and train
+    current: str | None
+    rounds: int  # builder rounds spent on `current`
+    feedback: str | None  # the last verifier findings, for the next build round
+    envs: Annotated[dict, _merge]  # capability -> {status, env, rounds, source}
+    adapters: Annotated[dict, _merge]  # capability -> {adapter, before, after, steps}
+    composition: str | None
+    results: dict  # final evaluation per mode
+    rollout_figures: Annotated[list, operator.add]  # one per iteration
+    timings: Annotated[dict, _add_times]  # seconds per node, summed over iterations and retries
+    selected: int  # capabilities approved by the last selection (0 ends the autonomous loop)
+
+
+class TrainIn(TypedDict):
+    current: str
+    envs: Annotated[dict, _merge]
+    adapters: Annotated[dict, _merge]
+
+
+class TrainOut(TypedDict, total=False):
+    adapters: Annotated[dict, _merge]
+    timings: Annotated[dict, _add_times]
+
+
+class TrainState(TrainIn, TrainOut):
+    """The training subgraph's own state: it starts without the parent's timings and returns
+    only `adapters` and its own timings, so the parent's reducers count nothing twice."""
+
+
+# ---------------------------------------------------------------- components
+@dataclass
+class Components:
+    """What the stages run on. `default_components` builds the real ones from the config;
+    `RunConfig.components` may name another factory (tests use scripted LLMs and tiny models)."""
+    benchmark: Any  # the target Benchmark
+    agent: Any  # base-agent policy for rollouts (an LLM endpoint)
+    analyst: Any
+    builder: Any
+    reviewer: Any | None
+    calibration: Any | None  # base-model policy for environment calibration
+    load_base: Callable[[], tuple]  # fresh (transformers model, tokenizer) of the base
+    extra: dict = field(default_factory=dict)
+
+
+def default_components(cfg: RunConfig) -> Components:
+    from trace_rl.agents.llm import LLM, LLMConfig
+    from trace_rl.evals.benchmark import load_benchmark
+    from trace_rl.training.compose import load_base
+
+    def llm(spec) -> LLM:
+        return LLM(LLMConfig(model=spec.model, base_url=spec.base_url, max_tokens=spec.max_tokens,
+                             temperature=spec.temperature))
+
+    opts: dict = {"max_steps": cfg.agent.max_steps}
+    if cfg.user_model:
+        opts["user_llm"] = LLMConfig(model=cfg.user_model.model, base_url=cfg.user_model.base_url)
+    agent = LLM(LLMConfig(model=cfg.base_model, base_url=cfg.base_url, max_tokens=cfg.agent.max_tokens,
+                          temperature=cfg.agent.temperature))
+    return Components(
+        benchmark=load_benchmark(cfg.benchmark, **opts), agent=agent, analyst=llm(cfg.analyst),
+        builder=llm(cfg.builder), reviewer=llm(cfg.reviewer or cfg.builder),
+        calibration=agent if cfg.calibrate else None,
+        load_base=lambda: load_base(cfg.train_model or cfg.base_model))
+
+
+def make_components(cfg: RunConfig) -> Components:
+    if not cfg.components:
+        return default_components(cfg)
+    module, _, fn = cfg.components.partition(":")
+    return getattr(importlib.import_module(module), fn or "components")(cfg)
+
+
+# ---------------------------------------------------------------- the pipeline
+NODES = ["rollout", "analyse", "select", "next_capability", "build", "verify", "approve_env", "train",
+         "compose", "evaluate", "report"]
+
+
+class Pipeline:
+    def __init__(self, run_dir: str | Path, cfg: RunConfig, log: Callable[[str], None] = print):
+        self.dir, self.cfg, self.log = Path(run_dir), cfg, log
+        self._comps: Components | None = None
+
+    @property
+    def comps(self) -> Components:
+        if self._comps is None:
+            self._comps = make_components(self.cfg)
+        return self._comps
+
+    def it(self, s: State) -> Path:
+        return self.dir / f"iter_{s.get('iteration', 0)}"
+
+    def cap(self, s: State, name: str | None = None) -> dict:
+        name = name or s["current"]
+        return next(c for c in s["capabilities"] if c["name"] == name)
+
+    # -- 1. rollouts of the base agent (or, in later loop iterations, of the composed model)
+    def rollout(self, s: State) -> dict:
+        from trace_rl.evals.report import write_report
+        from trace_rl.evals.rollout import TrajectoryStore, rollout
+
+        bench, cfg = self.comps.benchmark, self.cfg
+        ids = [t.id for t in bench.tasks(cfg.rollout_split)]
+        ids = ids[:cfg.rollout_tasks] if cfg.rollout_tasks else ids
+        policy = self.comps.agent
+        if s.get("iteration", 0) > 0 and s.get("composition"):
+            policy = self._composition().policy("moe")
+        out = self.it(s) / "rollouts"
+        trajs = rollout(bench, policy, ids, TrajectoryStore(out), trials=cfg.trials,
+                        concurrency=cfg.agent.concurrency, split=cfg.rollout_split)
+        report = write_report(trajs, out, title=f"{policy.name} on {bench.name} [{cfg.rollout_split}]")
+        figs = next(iter(report["groups"].values()))
+        return {"rollout_figures": [{"iteration": s.get("iteration", 0), "model": policy.name,
+                                     "passed": figs["passed"], "episodes": figs["episodes"],
+                                     "pass@1": figs["pass@1"], "tokens": figs["tokens"]}]}
+
+    # -- 2. contrastive analysis
+    def analyse(self, s: State) -> dict:
+        from dataclasses import asdict
+
+        from trace_rl.agents.analyst import analyze
+        from trace_rl.evals.rollout import TrajectoryStore
+
+        trajs = TrajectoryStore(self.it(s) / "rollouts").all()
+        results = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True)
+        return {"capabilities": [{k: v for k, v in asdict(r).items() if k != "runs"} for r in results]}
+
+    # -- 3. selection (+ human approval)
+    def select(self, s: State) -> dict:
+        from langgraph.types import interrupt
+
+        trained = set(s.get("adapters") or {}) | {k for k, v in (s.get("envs") or {}).items()
+                                                   if v.get("status") in ("rejected", "needs_human")}
+        kept = [c for c in s["capabilities"] if c["kept"] and c["name"] not in trained][:self.cfg.max_capabilities]
+        decision = {"approve": [c["name"] for c in kept], "reject": {}}
+        if kept and "capabilities" in self.cfg.approvals:
+            decision = interrupt({"id": f"capabilities@{s.get('iteration', 0)}", "kind": "capabilities",
+                                  "title": "Approve the capabilities to train",
+                                  "items": [{k: c[k] for k in ("name", "description", "cov_mean", "delta_mean",
+                                                               "runs_passed", "n_runs", "example_failed_task_ids")}
+                                            for c in kept]})
+        approve = [n for n in decision.get("approve", []) if n in {c["name"] for c in kept}]
+        rejected = decision.get("reject", {})
+        caps = []
+        for c in s["capabilities"]:
+            status = "APPROVED" if c["name"] in approve else "REJECTED" if c["name"] in rejected else c["status"]
+            caps.append({**c, "status": status, **({"reason": rejected[c["name"]]} if c["name"] in rejected else {})})
+        self._write_statuses(s, caps)
+        return {"capabilities": caps, "queue": approve, "selected": len(approve)}
+
+    def _write_statuses(self, s: State, caps: list[dict]) -> None:
+        path = self.it(s) / "analysis" / "capabilities.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            by_name = {c["name"]: c for c in caps}
+            for c in data["capabilities"]:
+                c["status"] = by_name.get(c["name"], c)["status"]
+            atomic_write_json(path, data)
+
+    def next_capability(self, s: State) -> dict:
+        queue = list(s.get("queue") or [])
+        return {"current": queue.pop(0) if queue else None, "queue": queue, "rounds": 0, "feedback": None}
+
+    # -- 4. synthesis: build, verify (loop), approve
+    def _target(self):
+        from trace_rl.agents.env_builder import Target
+
+        spec = self.comps.benchmark.spec()
+        return Target(self.comps.benchmark.name, spec["tools"], spec["policy"], spec["system_prompt"])
+
+    def env_dir(self, name: str) -> Path:
+        return self.dir / "envs" / name
+
+    def build(self, s: State) -> dict:
+        from trace_rl.agents.analyst import compact
+        from trace_rl.agents.env_builder import attempt_dir, build_attempt
+        from trace_rl.evals.rollout import TrajectoryStore
+
+        cap, rnd = self.cap(s), s.get("rounds", 0) + 1
+        store = TrajectoryStore(self.it(s) / "rollouts")
+        examples = [compact(store.get(k), 3000) for k in cap["example_failed_task_ids"] if k in store]
+        prev = attempt_dir(self.env_dir(cap["name"]), rnd - 1) / "env.py"
+        build_attempt(self.comps.builder, cap, self._target(), examples, self.env_dir(cap["name"]), rnd,
+                      s.get("feedback"), prev.read_text() if prev.is_file() else None)
+        return {"rounds": rnd}
+
+    def _verify(self, cap: dict, attempt: dict) -> dict:
+        from trace_rl.agents.env_builder import verify_attempt
+
+        return verify_attempt(attempt, cap, self._target(), self.cfg.verify, self.comps.reviewer,
+                              self.comps.calibration)
+
+    def verify(self, s: State) -> dict:
+        from trace_rl.agents.env_builder import attempt_dir, library_match
+
+        cap, rnd = self.cap(s), s["rounds"]
+        adir = attempt_dir(self.env_dir(cap["name"]), rnd)
+        attempt = {"round": rnd, "env": str(adir / "env.py")} if (adir / "env.py").is_file() else \
+            {"round": rnd, "error": json.loads((adir / "builder_error.json").read_text())["error"]}
+        report = self._verify(cap, attempt)
+        if report["passed"]:
+            return {"envs": {cap["name"]: {"status": "verified", "env": attempt["env"], "rounds": rnd, "source": "builder"}}}
+        if rnd < self.cfg.build_rounds:
+            return {"feedback": report["feedback"]}
+        lib = library_match(cap, self.comps.benchmark.name) if self.cfg.library_fallback else None
+        if lib is not None:  # verified like any other environment, in its own attempt folder
+            ldir = self.env_dir(cap["name"]) / "library"
+            ldir.mkdir(parents=True, exist_ok=True)
+            if not (ldir / "env.py").is_file():
+                (ldir / "env.py").write_text(lib.read_text())
+            lreport = self._verify(cap, {"round": "library", "env": str(ldir / "env.py")})
+            if lreport["passed"]:
+                self.log(f"{cap['name']}: builder failed {rnd} round(s); using library environment {lib.stem}")
+                return {"envs": {cap["name"]: {"status": "verified", "env": str(ldir / "env.py"), "rounds": rnd,
+                                               "source": f"library:{lib.stem}", "builder_findings": report["feedback"]}}}
+        return {"envs": {cap["name"]: {"status": "needs_human", "env": attempt.get("env"), "rounds": rnd,
+                                       "source": "builder", "findings": report["feedback"]}}}
+
+    def approve_env(self, s: State) -> dict:
+        from langgraph.types import interrupt
+
+        name = s["current"]
+        env = (s.get("envs") or {}).get(name, {})
+        verified = env.get("status") == "verified"
+        if verified and "environments" not in self.cfg.approvals:
+            return {"envs": {name: {**env, "approved": True}}}
+        if not verified and (self.cfg.auto_approve or not env.get("env")):
+            # unattended, or the builder never wrote a module: nothing a human could approve here
+            return {"envs": {name: {**env, "approved": False}}}
+        decision = interrupt({"id": f"env:{name}@{s.get('iteration', 0)}", "kind": "environment",
+                              "title": f"Environment for {name}", "capability": self.cap(s),
+                              "env": env, "verified": verified})
+        if decision.get("action") == "approve":
+            return {"envs": {name: {**env, "approved": True, "status": "verified" if verified else "human_approved"}}}
+        return {"envs": {name: {**env, "approved": False, "status": "rejected", "reason": decision.get("reason", "")}}}
+
+    # -- 5. training (a subgraph: held-out before, GRPO, held-out after)
+    def train_dir(self, name: str) -> Path:
+        return self.dir / "train" / name
+
+    def _env_bench(self, name: str, seeds: range, code: str):
+        from trace_rl.evals.synthetic import SyntheticBenchmark
+
+        return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1)
+
+    def heldout_seeds(self) -> range:
+        return range(10**6, 10**6 + self.cfg.heldout_seeds)  # disjoint from the training seeds
+
+    def _heldout(self, name: str, env_code: str, policy, tag: str) -> dict:
+        from trace_rl.evals.report import summarize
+        from trace_rl.evals.rollout import TrajectoryStore, rollout
+
+        seeds = self.heldout_seeds()
+        with self._env_bench(name, seeds, env_code) as bench:
+            trajs = rollout(bench, policy, [str(x) for x in seeds], TrajectoryStore(self.train_dir(name) / f"heldout_{tag}"),
+                            split="heldout", max_steps=self.cfg.grpo.max_turns)
+        figs = next(iter(summarize(trajs).values()))
+        return {"success": figs["pass@1"], "mean_reward": figs["mean_reward"], "episodes": figs["episodes"]}
+
+    def _policy(self, model, tok, name: str):
+        from trace_rl.training.hf_policy import HFPolicy
+
+        return HFPolicy(model, tok, name, max_new_tokens=self.cfg.grpo.max_turn_tokens)
+
+    def heldout_before(self, s: State) -> dict:
+        name = s["current"]
+        code = Path(s["envs"][name]["env"]).read_text()
+        model, tok = self.comps.load_base()
+        before = self._heldout(name, code, self._policy(model, tok, "base"), "before")
+        return {"adapters": {name: {"before": before}}}
+
+    def grpo(self, s: State) -> dict:
+        from trace_rl.training.grpo import CapabilityGRPO
+
+        name = s["current"]
+        out = self.train_dir(name) / "grpo"
+        if (out / "adapter" / "adapter_config.json").is_file() and (out / "train_log.json").is_file():
+            log = json.loads((out / "train_log.json").read_text())
+            return {"adapters": {name: {**s["adapters"][name], "adapter": str(out / "adapter"), "steps": len(log)}}}
+        code = Path(s["envs"][name]["env"]).read_text()
+        model, tok = self.comps.load_base()
+        with self._env_bench(name, range(self.cfg.train_seeds), code) as bench:
+            res = CapabilityGRPO(model, tok, bench, [str(x) for x in range(self.cfg.train_seeds)], out,
+                                 self.cfg.grpo, name=name).train()
+        tools = self._env_tools(name, code)
+        atomic_write_json(self.train_dir(name) / "tools.json", tools)
+        return {"adapters": {name: {**s["adapters"][name], "adapter": res.adapter, "steps": res.steps,
+                                    "curve": res.curve}}}
+
+    def _env_tools(self, name: str, code: str) -> list[dict]:
+        with self._env_bench(name, range(1), code) as bench:
+            ep = bench.episode("0")
+            try:
+                ep.reset()
+                return ep.tools
+            finally:
+                ep.close()
+
+    def heldout_after(self, s: State) -> dict:
+        from peft import PeftModel
+
+        name = s["current"]
+        code = Path(s["envs"][name]["env"]).read_text()
+        model, tok = self.comps.load_base()
+        tuned = PeftModel.from_pretrained(model, s["adapters"][name]["adapter"]).eval()
+        after = self._heldout(name, code, self._policy(tuned, tok, name), "after")
+        entry = {**s["adapters"][name], "after": after}
+        atomic_write_json(self.train_dir(name) / "report.json", {"capability": name, **entry})
+        self.log(f"{name}: held-out success {entry['before']['success']:.0%} -> {after['success']:.0%}")
+        return {"adapters": {name: entry}}
+
+    # -- 6. composition and evaluation
+    def compose(self, s: State) -> dict:
+        from trace_rl.evals.rollout import TrajectoryStore
+        from trace_rl.training.compose import compose
+
+        out = self.dir / "composition"
+        adapters = {k: v for k, v in (s.get("adapters") or {}).items() if v.get("adapter")}
+        if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())["adapters"] == list(adapters):
+            return {"composition": str(out)}
+        convs = []
+        for name in adapters:
+            tools = json.loads((self.train_dir(name) / "tools.json").read_text())
+            for sub in ("grpo/rollouts", "heldout_after"):
+                convs += [(t.messages, tools) for t in TrajectoryStore(self.train_dir(name) / sub).all() if t.passed]
+        model, tok = self.comps.load_base()
+        caps = [{"name": n, "description": self.cap(s, n)["description"]} if any(c["name"] == n for c in s["capabilities"])
+                else {"name": n, "description": n} for n in adapters]
+        c = self.cfg.compose
+        compose(model, tok, {n: v["adapter"] for n, v in adapters.items()}, caps, convs, out, epochs=c.epochs,
+                lr=c.lr, weight_decay=c.weight_decay, lb_weight=c.lb_weight)
+        return {"composition": str(out)}
+
+    def _composition(self):
+        from trace_rl.training.compose import load
+
+        model, tok = self.comps.load_base()
+        return load(model, tok, self.dir / "composition", max_new_tokens=self.cfg.agent.max_tokens)
+
+    def evaluate(self, s: State) -> dict:
+        from trace_rl.evals.report import plot_pass_rates, summarize
+        from trace_rl.evals.rollout import TrajectoryStore, rollout
+
+        bench, cfg = self.comps.benchmark, self.cfg
+        ids = [t.id for t in bench.tasks(cfg.eval_split)]
+        ids = ids[:cfg.eval_tasks] if cfg.eval_tasks else ids
+        results: dict = {}
+        series = {}
+        if s.get("composition"):
+            comp = self._composition()
+            policies = {m: comp.policy(m) for m in comp.modes}
+        else:  # nothing was trained: the base alone
+            policies = {"base": self.comps.agent}
+        for mode, policy in policies.items():
+            trajs = rollout(bench, policy, ids, TrajectoryStore(self.it(s) / "eval" / mode), trials=cfg.trials,
+                            split=cfg.eval_split)
+            series[mode] = summarize(trajs)
+            results[mode] = next(iter(series[mode].values()))
+        plot_pass_rates(series, self.it(s) / "eval" / "report.png", f"{bench.name} [{cfg.eval_split}]: base vs composed")
+        atomic_write_json(self.it(s) / "eval" / "report.json", {"benchmark": bench.name, "split": cfg.eval_split,
+                                                                "tasks": ids, "modes": results})
+        return {"results": results}
+
+    def report(self, s: State) -> dict:
+        report = {"run_dir": str(self.dir), "benchmark": self.cfg.benchmark, "iteration": s.get("iteration", 0),
+                  "rollouts": s.get("rollout_figures"),
+                  "capabilities": [{k: c.get(k) for k in ("name", "cov_mean", "delta_mean", "runs_passed", "n_runs",
+                                                          "kept", "status")} for c in s.get("capabilities") or []],
+                  "environments": s.get("envs"), "adapters": s.get("adapters"), "composition": s.get("composition"),
+                  "evaluation": s.get("results"), "timings": s.get("timings")}
+        atomic_write_json(self.dir / "report.json", report)
+        (self.dir / "report.md").write_text(render_markdown(report))
+        return {}
+
+    # -- the autonomous loop
+    def loop_decision(self, s: State) -> str:
+        loop = self.cfg.loop
+        if not loop.enabled or not s.get("selected"):
+            return "end"  # off, or the last analysis found nothing new to train
+        figs = s.get("rollout_figures") or []
+        hours = sum((s.get("timings") or {}).values()) / 3600
+        if s.get("iteration", 0) + 1 >= loop.max_iterations or sum(f["episodes"] for f in figs) >= loop.max_rollouts \
+                or hours >= loop.max_hours or sum(f.get("tokens", 0) for f in figs) >= loop.max_tokens:
+            return "end"
+        return "again"
+
+    def next_iteration(self, s: State) -> dict:
+        return {"iteration": s.get("iteration", 0) + 1, "queue": [], "current": None}
+
+    # -- graph wiring
+    def graph(self):
+        from langgraph.graph import END, START, StateGraph
+
+        timed = self._timed
+        train = StateGraph(TrainState, input_schema=TrainIn, output_schema=TrainOut)
+        for n in ("heldout_before", "grpo", "heldout_after"):
+            train.add_node(n, timed(n, getattr(self, n)))
+        train.add_edge(START, "heldout_before")
+        train.add_edge("heldout_before", "grpo")
+        train.add_edge("grpo", "heldout_after")
+        train.add_edge("heldout_after", END)
+
+        g = StateGraph(State)
+        for n in NODES:
+            g.add_node(n, train.compile() if n == "train" else timed(n, getattr(self, n)))
+        g.add_node("next_iteration", timed("next_iteration", self.next_iteration))
+        g.add_edge(START, "rollout")
+        g.add_edge("rollout", "analyse")
+        g.add_edge("analyse", "select")
+        g.add_edge("select", "next_capability")
+        g.add_conditional_edges("next_capability", self._after_next, ["build", "compose", "report"])
+        g.add_edge("build", "verify")
+        g.add_conditional_edges("verify", self._after_verify, ["build", "approve_env", "next_capability"])
+        g.add_conditional_edges("approve_env", lambda s: "train" if s["envs"][s["current"]].get("approved")
+                                else "next_capability", ["train", "next_capability"])
+        g.add_edge("train", "next_capability")
+        g.add_edge("compose", "evaluate")
+        g.add_edge("evaluate", "report")
+        g.add_conditional_edges("report", self.loop_decision, {"again": "next_iteration", "end": END})
+        g.add_edge("next_iteration", "rollout")
+        return g
+
+    def _after_next(self, s: State) -> str:
+        if s.get("current"):
+            return "build"
+        return "compose" if any(v.get("adapter") for v in (s.get("adapters") or {}).values()) else "report"
+
+    def _after_verify(self, s: State) -> str:
+        env = (s.get("envs") or {}).get(s["current"])
+        if env and env["status"] == "verified":
+            return "approve_env"
+        if env and env["status"] == "needs_human":
+            return "approve_env"  # a human may still take it
+        return "build"
+
+    def _timed(self, name: str, fn):
+        def node(s: State) -> dict:
+            t0 = time.perf_counter()
+            self.log(f"[{name}] start")
+            out = fn(s) or {}
+            kill = os.environ.get("TRACE_RL_KILL_AT")  # fault injection for the resume tests
+            if kill == name:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return {**out, "timings": {name: time.perf_counter() - t0}}
+        return node
+
+
+def render_markdown(r: dict) -> str:
+    lines = [f"# trace-rl run: {r['benchmark']}", ""]
+    for f in r.get("rollouts") or []:
+        lines.append(f"- rollouts (iteration {f['iteration']}, {f['model']}): {f['passed']}/{f['episodes']} passed")
+    lines += ["", "## Capabilities", "", "| capability | Cov | Δ | runs passed | kept | status |", "|---|---|---|---|---|---|"]
+    for c in r.get("capabilities") or []:
+        lines.append(f"| {c['name']} | {c['cov_mean']:.2f} | {c['delta_mean']:+.2f} | {c['runs_passed']}/{c['n_runs']} | "
+                     f"{'yes' if c['kept'] else 'no'} | {c['status']} |")
+    lines += ["", "## Environments and adapters", ""]
+    for name, e in (r.get("environments") or {}).items():
+        a = (r.get("adapters") or {}).get(name, {})
+        held = f"held-out success {a['before']['success']:.0%} → {a['after']['success']:.0%}" if "after" in a else ""
+        lines.append(f"- {name}: {e['status']} ({e.get('source')}, {e.get('rounds')} builder round(s)) {held}")
+    if r.get("evaluation"):
+        lines += ["", "## Evaluation", "", "| mode | pass@1 | passed | mean reward |", "|---|---|---|---|"]
+        for mode, g in r["evaluation"].items():
+            lines.append(f"| {mode} | {g['pass@1']:.1%} | {g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} |")
+    lines += ["", "## Wall time per stage (s)", ""] + [f"- {k}: {v:.0f}" for k, v in (r.get("timings") or {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- running, resuming, approvals
+def _checkpointer(run_dir: Path):
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    return SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False))
+
+
+def compiled(run_dir: Path, cfg: RunConfig, log=print):
+    pipe = Pipeline(run_dir, cfg, log)
+    return pipe, pipe.graph().compile(checkpointer=_checkpointer(run_dir))
+
+
+THREAD = {"configurable": {"thread_id": "trace-rl"}}
+
+
+def pending(app) -> list[dict]:
+    """Interrupts waiting for a decision (at most one: the graph runs one node at a time)."""
+    state = app.get_state(THREAD, subgraphs=True)
+    out = []
+    for task in state.tasks:
+        out += [i.value for i in task.interrupts]
+    return out
+
+
+def decisions_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "approvals.json"
+
+
+def read_decisions(run_dir: Path) -> dict:
+    p = decisions_path(run_dir)
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def record_decision(run_dir: Path, item_id: str, decision: dict) -> None:
+    data = read_decisions(run_dir)
+    data[item_id] = {**decision, "at": time.time()}
+    atomic_write_json(decisions_path(run_dir), data)
+
+
+def auto_decision(item: dict) -> dict:
+    if item["kind"] == "capabilities":
+        return {"approve": [c["name"] for c in item["items"]], "reject": {}, "by": "auto"}
+    return {"action": "approve" if item.get("verified") else "reject", "by": "auto",
+            "reason": "" if item.get("verified") else "not verified; unattended run"}
+
+
+def save_config(run_dir: Path, cfg: RunConfig) -> None:
+    atomic_write_json(run_dir / "config.json", cfg.model_dump())
+
+
+def load_saved_config(run_dir: Path) -> RunConfig:
+    p = Path(run_dir) / "config.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a trace-rl run directory (no config.json); start one with `trace-rl run`")
+    return RunConfig.model_validate(json.loads(p.read_text()))
+
+
+def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
+          log=print) -> dict:
+    """Run (or resume) the graph until it ends or needs a decision nobody has given.
+
+    Decisions come from approvals.json (`trace-rl approve`, the web page) or, with
+    `auto_approve`, are made here. With `wait`, an undecided approval blocks (polling
+    approvals.json, serving the web page if `web_port` is set) instead of returning."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pipe, app = compiled(run_dir, cfg, log)
+    started = app.get_state(THREAD).values
+    inp: Any = None if (resume or started) else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
+    if not started:
+        save_config(run_dir, cfg)  # `resume`, `approve` and `status` need only the run directory
+    server = None
+    try:
+        while True:
+            from langgraph.types import Command
+
+            app.invoke(inp, THREAD)
+            items = pending(app)
+            if not items:
+                return {"status": "done", "state": app.get_state(THREAD).values}
+            item = items[0]
+            decided = read_decisions(run_dir).get(item["id"])
+            if decided is None and cfg.auto_approve:
+                decided = auto_decision(item)
+                record_decision(run_dir, item["id"], decided)
+            if decided is None and not wait:
+                return {"status": "waiting", "pending": item}
+            if decided is None:
+                if web_port is not None and server is None:
+                    from trace_rl.graph.web import serve
+
+                    server = serve(run_dir, web_port)
+                    log(f"approval page: http://127.0.0.1:{server.server_port}/")
+                log(f"waiting for a decision on {item['id']}: `trace-rl approve {run_dir}` or the web page")
+                while (decided := read_decisions(run_dir).get(item["id"])) is None:
+                    time.sleep(0.5)
+            log(f"decision on {item['id']}: {decided}")
+            inp = Command(resume=decided)
+    finally:
+        if server is not None:
+            server.shutdown()

@@ -1,0 +1,148 @@
+"""The pipeline graph on scripted LLMs and tiny models: full path, verify→build loop, a
+rejected environment, kill-and-resume at every node, the autonomous loop, config errors."""
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from graph_doubles import config
+from trace_rl.graph.config import ConfigError, load_config
+from trace_rl.graph.pipeline import drive, record_decision
+
+pytestmark = [pytest.mark.docker]
+TESTS = Path(__file__).parent
+
+
+def summary(state: dict) -> dict:
+    """The parts of a final state that must not depend on how the run got there."""
+    return {"envs": {k: {f: v.get(f) for f in ("status", "rounds", "source", "approved")} for k, v in state["envs"].items()},
+            "adapters": {k: {"steps": v.get("steps"), "before": v["before"]["episodes"], "after": v["after"]["episodes"]}
+                         for k, v in state["adapters"].items()},
+            "capabilities": [(c["name"], c["kept"], c["status"]) for c in state["capabilities"]],
+            "results": {m: (r["passed"], r["episodes"]) for m, r in (state.get("results") or {}).items()},
+            "composition": bool(state.get("composition")), "selected": state.get("selected")}
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def work_done(run: Path) -> dict:
+    """Episodes stored anywhere in the run (each stored once) and LLM calls made."""
+    stores = {str(p.relative_to(run)): lines(p) for p in run.rglob("trajectories.jsonl")}
+    return {"episodes": stores, "calls": dict(Counter((run / "calls.log").read_text().split()))}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, sandbox_image):
+    run = tmp_path_factory.mktemp("reference")
+    os.environ["TRACE_RL_CALL_LOG"] = str(run / "calls.log")
+    try:
+        result = drive(run, config(), resume=False, log=lambda *a: None)
+    finally:
+        del os.environ["TRACE_RL_CALL_LOG"]
+    assert result["status"] == "done"
+    return run, result["state"]
+
+
+def test_full_path_keeps_the_planted_capability_and_loops_verify_to_build(reference):
+    run, state = reference
+    s = summary(state)
+    assert s["capabilities"] == [("lookup_before_answering", True, "APPROVED"), ("polite_reply_style", False, "REJECTED")]
+    assert s["envs"] == {"lookup_before_answering": {"status": "verified", "rounds": 2, "source": "builder", "approved": True}}
+    r1 = json.loads((run / "envs/lookup_before_answering/attempt_01/verifier_report.json").read_text())
+    assert not r1["passed"] and "trivial_do_nothing" in r1["feedback"]  # round 1 (reward always 1) failed, went back
+    assert s["adapters"]["lookup_before_answering"]["steps"] == 2
+    assert set(s["results"]) == {"base", "lookup_before_answering", "router", "moe"} and s["composition"]
+    for f in ("report.json", "report.md", "iter_0/eval/report.png", "iter_0/analysis/cov_delta.png",
+              "train/lookup_before_answering/grpo/curve.png", "composition/moe.pt", "config.json"):
+        assert (run / f).is_file(), f
+    report = json.loads((run / "report.json").read_text())
+    assert set(report["timings"]) >= {"rollout", "analyse", "build", "verify", "grpo", "compose", "evaluate"}
+    assert "| lookup_before_answering |" in (run / "report.md").read_text()
+
+
+def _run(run: Path, resume: bool, kill: str | None = None) -> subprocess.CompletedProcess:
+    code = ("import sys, json; from graph_doubles import config; from trace_rl.graph.pipeline import drive\n"
+            f"r = drive({str(run)!r}, config(), resume={resume}, log=lambda *a: None)\n"
+            "print('STATUS', r['status'])")
+    env = {**os.environ, "TRACE_RL_CALL_LOG": str(run / "calls.log"), "PYTHONPATH": str(TESTS)}
+    env.pop("TRACE_RL_KILL_AT", None)
+    if kill:
+        env["TRACE_RL_KILL_AT"] = kill
+    return subprocess.run([sys.executable, "-c", code], cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
+
+
+KILL_POINTS = ["rollout", "analyse", "select", "next_capability", "build", "verify", "approve_env", "heldout_before",
+               "grpo", "heldout_after", "compose", "evaluate", "report"]
+
+
+@pytest.mark.parametrize("node", KILL_POINTS)
+def test_killed_at_any_node_resumes_to_the_same_end_without_redoing_work(tmp_path, reference, node):
+    ref_run, ref_state = reference
+    killed = _run(tmp_path, resume=False, kill=node)
+    assert killed.returncode == -9, killed.stderr[-2000:]  # SIGKILL after the node's work, before its checkpoint
+    resumed = _run(tmp_path, resume=True)
+    assert resumed.returncode == 0 and "STATUS done" in resumed.stdout, resumed.stderr[-3000:]
+    from trace_rl.graph.pipeline import THREAD, compiled
+
+    _, app = compiled(tmp_path, config())
+    assert summary(app.get_state(THREAD).values) == summary(ref_state)
+    assert work_done(tmp_path) == work_done(ref_run)  # no episode stored twice, no LLM call paid twice
+
+
+def test_a_rejected_environment_is_not_trained(tmp_path, sandbox_image):
+    cfg = config(auto_approve=False, approvals=["environments"])
+    out = drive(tmp_path, cfg, resume=False, wait=False, log=lambda *a: None)
+    assert out["status"] == "waiting" and out["pending"]["kind"] == "environment"
+    assert out["pending"]["env"]["status"] == "verified"
+    record_decision(tmp_path, out["pending"]["id"], {"action": "reject", "reason": "reward too lenient"})
+    done = drive(tmp_path, cfg, resume=True, wait=False, log=lambda *a: None)
+    st = done["state"]
+    assert done["status"] == "done" and st["envs"]["lookup_before_answering"]["status"] == "rejected"
+    assert st["envs"]["lookup_before_answering"]["reason"] == "reward too lenient"
+    assert not st.get("adapters") and not st.get("composition") and (tmp_path / "report.json").is_file()
+    assert not (tmp_path / "train").exists()
+
+
+def test_capability_approval_can_reject_a_capability(tmp_path, sandbox_image):
+    cfg = config(auto_approve=False, approvals=["capabilities"])
+    out = drive(tmp_path, cfg, resume=False, wait=False, log=lambda *a: None)
+    assert out["pending"]["kind"] == "capabilities"
+    assert [c["name"] for c in out["pending"]["items"]] == ["lookup_before_answering"]
+    record_decision(tmp_path, out["pending"]["id"], {"approve": [], "reject": {"lookup_before_answering": "not now"}})
+    st = drive(tmp_path, cfg, resume=True, wait=False, log=lambda *a: None)["state"]
+    assert [c["status"] for c in st["capabilities"]] == ["REJECTED", "REJECTED"] and not st.get("envs")
+    saved = json.loads((tmp_path / "iter_0/analysis/capabilities.json").read_text())["capabilities"]
+    assert saved[0]["status"] == "REJECTED"
+
+
+def test_autonomous_loop_rolls_out_the_composed_model_and_stops_when_nothing_new(tmp_path, sandbox_image):
+    st = drive(tmp_path, config(loop={"enabled": True, "max_iterations": 3}), resume=False, log=lambda *a: None)["state"]
+    assert st["iteration"] == 1 and [f["model"] for f in st["rollout_figures"]] == ["scripted-agent", "composed:moe"]
+    assert st["selected"] == 0  # the second analysis found nothing new to train: the loop ended
+    assert (tmp_path / "iter_1/analysis/capabilities.json").is_file()
+
+
+def test_config_errors_name_the_field(tmp_path):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("benchmark: tau2:telecom\ngrpo:\n  group_size: 1\nanalysis:\n  k: 12\nbuild_roundz: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    msg = str(err.value)
+    assert "grpo.group_size" in msg and "greater than or equal to 2" in msg
+    assert "analysis.k" in msg and "build_roundz: unknown field" in msg
+    with pytest.raises(ConfigError, match="benchmark: unknown benchmark 'nope:x'"):
+        load_config(overrides={"benchmark": "nope:x"})
+    with pytest.raises(ConfigError, match="eval_split: tau2:telecom has no split 'dev'"):
+        load_config(overrides={"eval_split": "dev"})
+    toml = tmp_path / "run.toml"
+    toml.write_text('benchmark = "tau2:airline"\n[grpo]\ngroup_size = 8\n')
+    cfg = load_config(toml, preset="demo")
+    assert cfg.benchmark == "tau2:airline" and cfg.grpo.group_size == 8 and cfg.rollout_tasks == 3
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_config(preset="fast")
