@@ -162,21 +162,227 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="e.g. tau2:telec
         raise typer.Exit(2)
 
 
-@app.command()
-def demo(tasks: int = typer.Option(3, help="telecom test tasks to run"),
-         model: str = typer.Option("qwen2.5-coder-0.5b", help="embedded model to serve"),
-         out: str = typer.Option("runs/demo", help="run directory")):
-    """The smallest real slice of the pipeline: serve the embedded model and roll it out on
-    τ²-bench telecom (solo), scored by τ²-bench's own evaluator."""
+# ---------------------------------------------------------------- the pipeline
+def _overrides(pairs: list[str]) -> dict:
+    """`--set grpo.steps=10 --set benchmark=tau2:airline` -> nested dict (values parsed as YAML)."""
+    import yaml
+
+    out: dict = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise typer.BadParameter(f"--set takes KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None:
+    from trace_rl.graph.pipeline import drive
+
+    t0 = time.perf_counter()
+    out = drive(run_dir, cfg, resume=resume, wait=wait, web_port=port if web else None,
+                log=lambda msg: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}"))
+    if out["status"] == "waiting":
+        item = out["pending"]
+        console.print(f"[yellow]waiting for a decision:[/] {item['title']} ({item['id']})\n"
+                      f"  approve: trace-rl approve {run_dir}   reject: trace-rl approve {run_dir} --reject NAME "
+                      f"--reason ...\n  then:    trace-rl resume {run_dir}")
+        return
+    _print_status(run_dir, out["state"])
+    console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.0f}s: {run_dir}/report.md, report.json, "
+                  f"iter_*/eval/report.png")
+
+
+def _print_status(run_dir, st: dict) -> None:
     from pathlib import Path
 
-    report = run_eval("tau2:telecom", "test", model, tasks=tasks, out=str(Path(out) / "rollouts"),
-                      max_steps=12, max_tokens=256)
-    trajs = load_trajectories(out)
-    if trajs:
-        console.print(sample_turns(trajs[0]))
-    first = next(iter(report["groups"].values()))
-    console.print(f"[bold]demo done:[/] {first['passed']}/{first['episodes']} passed")
+    t = st.get("timings") or {}
+    table = Table("stage", "wall s", "figures", title=f"trace-rl run {run_dir}")
+    figs = st.get("rollout_figures") or []
+    table.add_row("rollout", f"{t.get('rollout', 0):.0f}", "; ".join(
+        f"iter {f['iteration']}: {f['passed']}/{f['episodes']} passed ({f['model']})" for f in figs))
+    caps = st.get("capabilities") or []
+    table.add_row("analyse", f"{t.get('analyse', 0):.0f}", ", ".join(
+        f"{c['name']} ({c['runs_passed']}/{c['n_runs']}, {c['status']})" for c in caps if c.get("kept")) or
+        (f"{len(caps)} candidates, none kept" if caps else ""))
+    envs = st.get("envs") or {}
+    table.add_row("synthesise", f"{t.get('build', 0) + t.get('verify', 0):.0f}", ", ".join(
+        f"{k}: {v['status']} ({v.get('source')}, {v.get('rounds')} rounds)" for k, v in envs.items()))
+    ads = st.get("adapters") or {}
+    table.add_row("train", f"{t.get('heldout_before', 0) + t.get('grpo', 0) + t.get('heldout_after', 0):.0f}", ", ".join(
+        f"{k}: {v.get('steps', '?')} steps, held-out success {v['before']['success']:.0%} -> {v['after']['success']:.0%}"
+        for k, v in ads.items() if "after" in v))
+    table.add_row("compose", f"{t.get('compose', 0):.0f}", st.get("composition") or "")
+    res = st.get("results") or {}
+    table.add_row("evaluate", f"{t.get('evaluate', 0):.0f}", ", ".join(
+        f"{m}: {r['passed']}/{r['episodes']}" for m, r in res.items()))
+    console.print(table)
+    if res:
+        before = Table("mode", "pass@1", "95% CI", "passed", "mean reward", "steps",
+                       title="before / after on the target benchmark")
+        for m, r in res.items():
+            before.add_row(m, f"{r['pass@1']:.1%}", f"{r['ci95'][0]:.0%}-{r['ci95'][1]:.0%}",
+                           f"{r['passed']}/{r['episodes']}", f"{r['mean_reward']:.2f}", f"{r['mean_steps']:.1f}")
+        console.print(before)
+
+
+@app.command()
+def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU) or paper (the method's settings)"),
+        config: str = typer.Option(None, "--config", "-c", help="YAML/TOML run config (overrides the preset)"),
+        run_dir: str = typer.Option(None, help="run directory (default runs/<benchmark>-<time>)"),
+        set_: list[str] = typer.Option(None, "--set", help="override one field, e.g. --set grpo.steps=10"),
+        auto_approve: bool = typer.Option(None, "--auto-approve/--ask", help="approve every pending item"),
+        wait: bool = typer.Option(True, help="wait at approval points (else stop; `trace-rl resume` later)"),
+        web: bool = typer.Option(True, help="serve the approval page on 127.0.0.1 while waiting"),
+        port: int = typer.Option(8765, help="approval page port"),
+        show_config: bool = typer.Option(False, help="print the resolved config and exit")):
+    """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
+    from pathlib import Path
+
+    from trace_rl.graph.config import ConfigError, load_config
+
+    over = _overrides(set_)
+    if auto_approve is not None:
+        over["auto_approve"] = auto_approve
+    try:
+        cfg = load_config(config, preset, over)
+    except ConfigError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2)
+    if show_config:
+        typer.echo(json.dumps(cfg.model_dump(), indent=2))
+        return
+    safe = "".join(c if c.isalnum() else "-" for c in cfg.benchmark)
+    run_dir = Path(run_dir or f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (run_dir / "graph.sqlite").exists():
+        console.print(f"[red]error:[/] {run_dir} already holds a run; continue it with `trace-rl resume {run_dir}`")
+        raise typer.Exit(2)
+    _drive(run_dir, cfg, False, wait, web, port)
+
+
+@app.command()
+def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed if it exists)")):
+    """The main job on the embedded default: `run --preset demo` on τ²-bench telecom (solo)."""
+    from pathlib import Path
+
+    from trace_rl.graph.config import load_config
+
+    resume = (Path(run_dir) / "graph.sqlite").exists()
+    _drive(Path(run_dir), load_config(preset="demo"), resume, True, False, 0)
+
+
+def _saved(run_dir: str):
+    from trace_rl.graph.pipeline import load_saved_config
+
+    try:
+        return load_saved_config(run_dir)
+    except FileNotFoundError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2)
+
+
+@app.command()
+def resume(run_dir: str = typer.Argument(..., help="a run directory made by `trace-rl run`"),
+           wait: bool = typer.Option(True, help="wait at approval points"),
+           web: bool = typer.Option(True, help="serve the approval page while waiting"),
+           port: int = typer.Option(8765, help="approval page port")):
+    """Continue a run from its last completed step (after a crash, a kill, or an approval)."""
+    _drive(run_dir, _saved(run_dir), True, wait, web, port)
+
+
+@app.command()
+def status(run_dir: str = typer.Argument(..., help="a run directory")):
+    """Stages, their wall time and figures; what is pending."""
+    from trace_rl.graph.pipeline import THREAD, compiled
+    from trace_rl.graph.web import pending_item
+
+    _, app_ = compiled(__import__("pathlib").Path(run_dir), _saved(run_dir))
+    state = app_.get_state(THREAD)
+    _print_status(run_dir, state.values)
+    item = pending_item(run_dir)
+    from trace_rl.graph.pipeline import read_decisions
+
+    if item and item["id"] not in read_decisions(run_dir):
+        console.print(f"[yellow]pending:[/] {item['title']} ({item['id']}): `trace-rl approve {run_dir}`")
+    console.print(f"next: {', '.join(state.next) or 'nothing (finished)'}")
+
+
+@app.command()
+def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for a decision"),
+            reject: list[str] = typer.Option(None, help="capability name (or item id) to reject; repeatable"),
+            reason: str = typer.Option("", help="why (kept with the decision)")):
+    """Decide the pending approval: approve it, or reject the named capabilities / environment."""
+    from trace_rl.graph.pipeline import read_decisions, record_decision
+    from trace_rl.graph.web import pending_item
+
+    item = pending_item(run_dir)
+    if item is None or item["id"] in read_decisions(run_dir):
+        console.print("nothing is waiting for a decision")
+        raise typer.Exit(1)
+    reject = reject or []
+    if item["kind"] == "capabilities":
+        names = [c["name"] for c in item["items"]]
+        unknown = [r for r in reject if r not in names]
+        if unknown:
+            console.print(f"[red]error:[/] --reject {unknown[0]!r} is not pending; pending: {', '.join(names)}")
+            raise typer.Exit(2)
+        decision = {"approve": [n for n in names if n not in reject], "reject": {r: reason for r in reject}, "by": "cli"}
+    else:
+        name = item["capability"]["name"]
+        if any(r not in (name, item["id"]) for r in reject):
+            console.print(f"[red]error:[/] the pending environment is {name!r}; --reject takes that name")
+            raise typer.Exit(2)
+        decision = {"action": "reject" if reject else "approve", "reason": reason, "by": "cli"}
+    record_decision(run_dir, item["id"], decision)
+    console.print(f"recorded for {item['id']}: {decision}\na waiting run continues now; "
+                  f"a stopped one with `trace-rl resume {run_dir}`")
+
+
+@app.command()
+def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/envs/*.py), run in the sandbox"),
+          model: str = typer.Option("smollm2-135m", help="embedded model name or transformers checkpoint"),
+          preset: str = typer.Option("cpu", help="GRPO preset: paper, cpu, tiny"),
+          set_: list[str] = typer.Option(None, "--set", help="override a GRPO setting, e.g. --set steps=40"),
+          out: str = typer.Option("runs/train", help="output directory (resumes from its checkpoints)"),
+          heldout: int = typer.Option(20, help="held-out seeds for before/after success"),
+          train_seeds: int = typer.Option(1000, help="training seeds")):
+    """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from trace_rl.graph.config import load_config
+    from trace_rl.graph.pipeline import Pipeline
+    from trace_rl.training.grpo import PRESETS
+
+    if preset not in PRESETS:
+        console.print(f"[red]error:[/] unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise typer.Exit(2)
+    try:
+        settings = PRESETS[preset].model_copy(update={})
+        settings = type(settings).model_validate({**settings.model_dump(), **_overrides(set_)})
+    except ValidationError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2)
+    code_path = Path(env)
+    if not code_path.is_file():
+        console.print(f"[red]error:[/] no environment module at {env}")
+        raise typer.Exit(2)
+    name = code_path.stem
+    cfg = load_config(overrides={"train_model": model, "grpo": settings.model_dump(), "heldout_seeds": heldout,
+                                 "train_seeds": train_seeds})
+    pipe = Pipeline(Path(out), cfg, log=console.print)
+    s = {"current": name, "envs": {name: {"env": str(code_path.resolve())}}, "adapters": {}}
+    s["adapters"] = pipe.heldout_before(s)["adapters"]
+    s["adapters"] = {name: pipe.grpo(s)["adapters"][name]}
+    entry = pipe.heldout_after(s)["adapters"][name]
+    console.print(f"[bold]{name}[/]: {entry['steps']} GRPO steps; held-out success "
+                  f"{entry['before']['success']:.0%} -> {entry['after']['success']:.0%}, mean reward "
+                  f"{entry['before']['mean_reward']:.2f} -> {entry['after']['mean_reward']:.2f}; curve {entry['curve']}")
 
 
 def sample_turns(traj, n: int = 4) -> str:
@@ -189,7 +395,7 @@ def sample_turns(traj, n: int = 4) -> str:
 
 
 def load_trajectories(run_dir):
-    """Every trajectory under a run directory (each rollouts/*/trajectories.jsonl)."""
+    """Every trajectory under a run directory (each */trajectories.jsonl)."""
     from pathlib import Path
 
     from trace_rl.evals.rollout import TrajectoryStore
@@ -208,6 +414,8 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
             delta: float = typer.Option(0.20, help="minimum contrast gap"),
             n_candidates: int = typer.Option(10, help="capabilities proposed in discovery"),
             context_chars: int = typer.Option(24000, help="trajectory text per analyst call"),
+            per_trajectory_chars: int = typer.Option(6000, help="budget of one compacted trajectory"),
+            concurrency: int = typer.Option(2, help="labelling calls in flight (1 on a small CPU)"),
             max_tokens: int = typer.Option(2048, help="analyst answer length")):
     """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
     from pathlib import Path
@@ -223,7 +431,8 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
         raise typer.Exit(2)
     try:
         cfg = AnalysisConfig(n_runs=n_runs, k=k, rho=rho, delta=delta, n_candidates=n_candidates,
-                             context_chars=context_chars)
+                             context_chars=context_chars, per_trajectory_chars=per_trajectory_chars,
+                             concurrency=concurrency)
     except ValidationError as err:
         console.print(f"[red]error:[/] {err}")
         raise typer.Exit(2)
@@ -244,3 +453,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
 
 def main():  # pragma: no cover
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -588,8 +588,10 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
             app.invoke(inp, THREAD)
             items = pending(app)
             if not items:
+                (run_dir / "pending.json").unlink(missing_ok=True)
                 return {"status": "done", "state": app.get_state(THREAD).values}
             item = items[0]
+            atomic_write_json(run_dir / "pending.json", item)  # for the web page and `trace-rl approve`
             decided = read_decisions(run_dir).get(item["id"])
             if decided is None and cfg.auto_approve:
                 decided = auto_decision(item)

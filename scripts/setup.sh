@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: venv, pinned packages, llama.cpp wheel, and (with --docker/--models)
 # the Docker engine, sandbox image and embedded models. Fast when nothing changed.
-# Usage: scripts/setup.sh [--docker] [--models NAME...]
+# Usage: scripts/setup.sh [--docker] [--browser] [--models NAME...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -11,10 +11,11 @@ PY=${PYTHON:-python3}
 LLAMA_VERSION=0.3.36
 export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1
 
-want_docker=0; models=()
+want_docker=0; want_browser=0; models=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --docker) want_docker=1 ;;
+    --browser) want_browser=1 ;;
     --models) shift; while [ $# -gt 0 ] && [[ "$1" != --* ]]; do models+=("$1"); shift; done; continue ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -57,6 +58,12 @@ fi
 if [ $want_docker = 1 ]; then
   log "Docker engine and sandbox image"
   "$VENV/bin/trace-rl" sandbox check >/dev/null
+fi
+if [ $want_browser = 1 ] && ! command -v chromium >/dev/null; then
+  # Debian's headless Chromium for the approval-page browser test (Playwright drives it; no browser download)
+  log "installing chromium (Debian package)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
 fi
 if [ ${#models[@]} -gt 0 ]; then
   log "embedded models: ${models[*]}"

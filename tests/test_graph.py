@@ -146,3 +146,28 @@ def test_config_errors_name_the_field(tmp_path):
     assert cfg.benchmark == "tau2:airline" and cfg.grpo.group_size == 8 and cfg.rollout_tasks == 3
     with pytest.raises(ConfigError, match="unknown preset"):
         load_config(preset="fast")
+
+
+def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
+    """The commands a person types: a run that stops at an approval, status, approve, resume."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    cli = [sys.executable, "-m", "trace_rl.graph.cli"]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(json.dumps({**config(auto_approve=False, approvals=["capabilities"]).model_dump(),
+                               "components": "graph_doubles:components"}))
+    run = tmp_path / "run"
+    out = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run), "--no-wait"], cwd=TESTS, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "waiting for a decision" in out.stdout, out.stdout + out.stderr[-2000:]
+    st = subprocess.run(cli + ["status", str(run)], cwd=TESTS, env=env, capture_output=True, text=True)
+    assert "pending:" in st.stdout and "capabilities@0" in st.stdout and "next: select" in st.stdout
+    bad = subprocess.run(cli + ["approve", str(run), "--reject", "nope"], cwd=TESTS, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "'nope' is not pending" in bad.stdout
+    ok = subprocess.run(cli + ["approve", str(run)], cwd=TESTS, env=env, capture_output=True, text=True)
+    assert ok.returncode == 0 and "recorded" in ok.stdout
+    again = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run)], cwd=TESTS, env=env,
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "trace-rl resume" in again.stdout
+    res = subprocess.run(cli + ["resume", str(run)], cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "done" in res.stdout and "before / after" in res.stdout, res.stderr[-2000:]
+    assert json.loads((run / "report.json").read_text())["adapters"]["lookup_before_answering"]["steps"] == 2

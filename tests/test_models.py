@@ -63,7 +63,7 @@ def test_cli_help_and_models_list():
 
     runner = CliRunner()
     help_text = runner.invoke(app, ["--help"]).output
-    for cmd in ("models", "serve", "sandbox", "eval", "demo", "analyze"):
+    for cmd in ("models", "serve", "sandbox", "eval", "demo", "analyze", "run", "resume", "status", "approve", "train"):
         assert cmd in help_text
     out = runner.invoke(app, ["models", "list"], env={"COLUMNS": "200"})
     assert out.exit_code == 0
