@@ -119,9 +119,11 @@ _SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)+$")
 
 
 class Capability(BaseModel):
-    name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)")
-    description: str = Field(description="2-3 sentences")
-    example_task_ids: list[str] = Field(description="2-4 ids of failed tasks that show the gap")
+    # pattern / item counts are in the JSON schema too, so constrained decoding enforces them
+    name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)", pattern=_SNAKE.pattern)
+    description: str = Field(description="2-3 sentences", max_length=600)
+    example_task_ids: list[str] = Field(description="2-4 ids of failed tasks that show the gap", min_length=1,
+                                        max_length=4)
 
     @field_validator("name")
     @classmethod

@@ -32,6 +32,8 @@ class LLMConfig(BaseModel):
     n_ctx: int = 16384  # tau2 telecom's solo prompt + tools is ~11k tokens
     price_in_per_mtok: float = 0.0
     price_out_per_mtok: float = 0.0
+    constrained_json: bool = Field(True, description="structured(): ask the endpoint to decode to the JSON schema "
+                                                     "(llama.cpp grammar, vLLM/OpenAI json_schema)")
 
 
 @dataclass
@@ -249,13 +251,30 @@ class LLM:
             self.usage.add(reply, cost)
         return reply
 
+    def response_format(self, schema: type[BaseModel]) -> dict:
+        """Schema-constrained decoding in the dialect of the endpoint: llama-cpp-python's server
+        (ours, when no base_url is set) takes json_object + schema; OpenAI-style ones json_schema."""
+        js = schema.model_json_schema()
+        if self.config.base_url is None:
+            return {"type": "json_object", "schema": js}
+        return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": js}}
+
     def structured(self, messages: list[dict], schema: type[T], attempts: int = 3, **kw) -> T:
-        """Ask for JSON matching `schema`; on a parse or validation error, show the model
-        the error and ask again, up to `attempts` times."""
+        """Ask for JSON matching `schema` (decoding constrained to it where the endpoint can);
+        on a parse or validation error, show the model the error and ask again, up to `attempts`
+        times. Validators a grammar cannot express (names, sentence counts) are caught here."""
         msgs = list(messages)
         last = ""
+        if self.config.constrained_json and "response_format" not in kw:
+            kw["response_format"] = self.response_format(schema)
         for _ in range(attempts):
-            reply = self.chat(msgs, **kw)
+            try:
+                reply = self.chat(msgs, **kw)
+            except Exception as err:  # an endpoint that rejects response_format: plain prompting instead
+                if "response_format" not in kw or "400" not in str(err) and "response_format" not in str(err):
+                    raise
+                kw.pop("response_format")
+                reply = self.chat(msgs, **kw)
             try:
                 return schema.model_validate(extract_json(reply.content))
             except (ValueError, ValidationError) as err:

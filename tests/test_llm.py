@@ -71,3 +71,32 @@ def test_real_served_model_returns_parsed_tool_call(qwen05_server):
     assert r.tool_calls and r.tool_calls[0].name == "get_weather"
     assert "paris" in str(r.tool_calls[0].arguments.get("city", "")).lower()
     assert llm.usage.calls == 1 and llm.usage.completion_tokens > 0
+
+
+def test_structured_asks_for_schema_constrained_decoding_in_the_endpoints_dialect():
+    from doubles import ScriptedLLM
+    from trace_rl.agents.analyst import Candidates
+
+    class Capture(ScriptedLLM):
+        def __init__(self, script, reject=False):
+            super().__init__(script)
+            self.kws, self.reject = [], reject
+
+        def _complete(self, messages, tools, **kw):
+            self.kws.append(kw)
+            if self.reject and "response_format" in kw:
+                raise RuntimeError("Error code: 400 - unsupported response_format")
+            return super()._complete(messages, tools, **kw)
+
+    local = Capture(['{"capabilities": []}'])
+    local.structured([{"role": "user", "content": "x"}], Candidates)
+    fmt = local.kws[0]["response_format"]
+    assert fmt["type"] == "json_object"  # llama-cpp-python's server: a grammar from the schema
+    assert fmt["schema"]["$defs"]["Capability"]["properties"]["name"]["pattern"].startswith("^[a-z]")
+    remote = Capture(['{"capabilities": []}'])
+    remote.config.base_url = "http://127.0.0.1:1/v1"
+    remote.structured([{"role": "user", "content": "x"}], Candidates)
+    assert remote.kws[0]["response_format"]["type"] == "json_schema"  # vLLM / OpenAI
+    refusing = Capture(['{"capabilities": []}'], reject=True)
+    assert refusing.structured([{"role": "user", "content": "x"}], Candidates).capabilities == []
+    assert "response_format" not in refusing.kws[-1]  # fell back to plain prompting
