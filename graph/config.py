@@ -74,6 +74,8 @@ class RunConfig(Strict):
     train_seeds: int = Field(1000, ge=1, description="environment seeds used for training")
     heldout_seeds: int = Field(20, ge=1, description="environment seeds (disjoint) for before/after success")
     compose: ComposeSettings = ComposeSettings()
+    eval_modes: list[str] | None = Field(None, description="modes evaluated at the end: base, router, moe and/or "
+                                                          "capability names (single adapters); unset = all")
     approvals: list[Literal["capabilities", "environments"]] = Field(
         default_factory=lambda: ["capabilities", "environments"], description="where a human is asked")
     auto_approve: bool = Field(False, description="approve every pending item (unattended runs)")
@@ -98,7 +100,8 @@ PRESETS: dict[str, dict] = {
         "build_rounds": 1, "library_fallback": True, "max_capabilities": 1,
         "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 6, "group_size": 4, "groups_per_step": 1},
         "train_seeds": 200, "heldout_seeds": 6,
-        "compose": {"epochs": 1}, "approvals": ["capabilities", "environments"], "auto_approve": True,
+        "compose": {"epochs": 1}, "eval_modes": ["base", "moe"],
+        "approvals": ["capabilities", "environments"], "auto_approve": True,
     },
 }
 

@@ -391,7 +391,10 @@ class Pipeline:
         series = {}
         if s.get("composition"):
             comp = self._composition()
-            policies = {m: comp.policy(m) for m in comp.modes}
+            unknown = set(cfg.eval_modes or []) - set(comp.modes)
+            if unknown:
+                raise ValueError(f"eval_modes: {sorted(unknown)} are not modes of this composition ({comp.modes})")
+            policies = {m: comp.policy(m) for m in comp.modes if not cfg.eval_modes or m in cfg.eval_modes}
         else:  # nothing was trained: the base alone
             policies = {"base": self.comps.agent}
         for mode, policy in policies.items():

@@ -24,6 +24,18 @@ def hardened(limits: Limits) -> dict:
                 user="1000:1000", ipc_mode="none")
 
 
+def cli_flags(limits: Limits) -> list[str]:
+    """The same hardening as `docker run` flags (sessions talk to the container over stdin)."""
+    h = hardened(limits)
+    flags = ["--network", h["network_mode"], "--read-only", "--memory", h["mem_limit"], "--memory-swap",
+             h["memswap_limit"], "--cpus", str(h["nano_cpus"] / 1e9), "--pids-limit", str(h["pids_limit"]),
+             "--user", h["user"], "--ipc", h["ipc_mode"]]
+    flags += [f for path, opts in h["tmpfs"].items() for f in ("--tmpfs", f"{path}:{opts}")]
+    flags += [f for cap in h["cap_drop"] for f in ("--cap-drop", cap)]
+    flags += [f for opt in h["security_opt"] for f in ("--security-opt", opt)]
+    return flags
+
+
 @dataclass
 class RunResult:
     exit_code: int | None  # None when killed on timeout

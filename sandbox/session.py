@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 
 from trace_rl.sandbox.engine import ensure_engine, ensure_image
-from trace_rl.sandbox.run import Limits
+from trace_rl.sandbox.run import Limits, cli_flags
 
 
 class SandboxError(RuntimeError):
@@ -39,12 +39,9 @@ class SessionLimits(Limits):
 
 
 def docker_run_args(image: str, limits: Limits, name: str) -> list[str]:
-    """The `docker run` hardening (the CLI twin of run.hardened)."""
-    return ["docker", "run", "-i", "--rm", "--name", name, "--network", "none", "--read-only",
-            "--tmpfs", f"/tmp:size={limits.tmpfs_size},mode=1777", "--memory", limits.memory,
-            "--memory-swap", limits.memory, "--cpus", str(limits.cpus), "--pids-limit", str(limits.pids),
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", "1000:1000",
-            "--ipc", "none", "--log-driver", "none", "-e", f"TRACE_RL_MAX_REPLY={getattr(limits, 'max_reply_bytes', 4 << 20)}",
+    """`docker run` for a session container, with run.hardened's restrictions as flags."""
+    return ["docker", "run", "-i", "--rm", "--name", name, *cli_flags(limits), "--log-driver", "none",
+            "-e", f"TRACE_RL_MAX_REPLY={getattr(limits, 'max_reply_bytes', 4 << 20)}",
             image, "python3", "/opt/trace_rl/runner.py"]
 
 
