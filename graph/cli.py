@@ -193,6 +193,11 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None
                       f"--reason ...\n  then:    trace-rl resume {run_dir}")
         return
     _print_status(run_dir, out["state"])
+    from pathlib import Path
+
+    evals = sorted(Path(run_dir).glob("iter_*/eval/*/trajectories.jsonl"))
+    if evals:  # what the model actually wrote, so nobody has to trust the table alone
+        console.print(sample_turns(load_trajectories(evals[-1].parent)[0]))
     console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.0f}s: {run_dir}/report.md, report.json, "
                   f"iter_*/eval/report.png")
 
