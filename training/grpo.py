@@ -3,8 +3,8 @@
 trl's GRPOTrainer does the optimisation (clipped objective, DAPO ε-high, no KL term by
 default, checkpoints, TensorBoard); our `rollout_func` plays whole multi-turn tool episodes:
 
-- the episodes of a step run in lockstep, one batched generate per turn (transformers, or
-  trl's vLLM generation when `use_vllm` is on);
+- the episodes of a step run in lockstep, one batched generate per turn that keeps every
+  episode's KV cache between turns (transformers), or trl's vLLM generation (`use_vllm`);
 - the model's own tokens are kept exactly as sampled; tool results and the next turn's
   header are rendered by the chat template and masked from the loss (`env_mask`);
 - a `hint_fraction` of each group sees the environment's hint appended to its system
@@ -227,10 +227,10 @@ class CapabilityGRPO:
     def _generator(self, trainer) -> Generate:
         if trainer.use_vllm:  # trl syncs the LoRA-updated weights into vLLM before each rollout_func call
             return lambda seqs, n: trainer.vllm_generation.generate(seqs, None, 1)[1]
-        from trace_rl.training.hf_policy import generate_batch
+        from trace_rl.training.hf_policy import CachedBatch
 
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        return lambda seqs, n: generate_batch(model, self.tok, seqs, n, self.s.temperature)
+        # keeps each episode's KV cache between turns: the long prompts are read once per batch
+        return CachedBatch(trainer.accelerator.unwrap_model(trainer.model), self.tok, self.s.temperature)
 
     def rollout_func(self, prompts: list, trainer) -> dict:
         """trl calls this with each group's prompt repeated G times; a prompt is the task id."""

@@ -146,6 +146,71 @@ def generate_batch(model, tokenizer, seqs: list[list[int]], max_new_tokens: int,
     return result
 
 
+class CachedBatch:
+    """`generate_batch` across the turns of multi-turn episodes, keeping each row's KV cache.
+
+    Called each turn with the live rows' full token lists; when every row extends a row of the
+    previous call (its sampled turn, then the environment's tokens), only the new tokens are
+    fed: each row's block is left-padded and the holes are masked, finished rows are dropped
+    from the cache. Otherwise (a new batch) it starts fresh. Same samples as re-reading the
+    whole batch each turn, without paying the long prompts again."""
+
+    def __init__(self, model, tokenizer, temperature: float):
+        self.model, self.tok, self.temperature = model, tokenizer, temperature
+        self.rows: list[list[int]] | None = None  # each row's real tokens so far
+        self.ids = self.mask = self.cache = None  # the padded layout the cache covers
+
+    def _continuation(self, seqs: list[list[int]]) -> list[int] | None:
+        if self.rows is None:
+            return None
+        idx = []
+        for s in seqs:
+            j = next((j for j, r in enumerate(self.rows) if len(r) < len(s) and s[:len(r)] == r and j not in idx), None)
+            if j is None:
+                return None
+            idx.append(j)
+        return idx
+
+    def __call__(self, seqs: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        import torch
+
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
+        dev = next(self.model.parameters()).device
+        stops = stop_ids(self.tok)
+        idx = self._continuation(seqs)
+        if idx is None:
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=dev)
+            mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
+            cache = None
+        else:
+            sel = torch.tensor(idx, device=dev)
+            deltas = [s[len(self.rows[j]):] for s, j in zip(seqs, idx)]
+            width = max(len(d) for d in deltas)
+            block = torch.tensor([[pad] * (width - len(d)) + d for d in deltas], device=dev)
+            bmask = torch.tensor([[0] * (width - len(d)) + [1] * len(d) for d in deltas], device=dev)
+            ids, mask = torch.cat([self.ids[sel], block], 1), torch.cat([self.mask[sel], bmask], 1)
+            cache = self.cache
+            cache.batch_select_indices(sel)
+        self.fed = ids.shape[1] - (cache.get_seq_length() if cache is not None else 0)  # columns run this call
+        sample = dict(do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0) \
+            if self.temperature > 0 else dict(do_sample=False)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=max_new_tokens,
+                                      eos_token_id=stops, pad_token_id=pad, repetition_penalty=1.0,
+                                      return_dict_in_generate=True, **sample)
+        new = out.sequences[:, ids.shape[1]:]
+        results, new_mask = [], torch.zeros_like(new)
+        for i, row in enumerate(new.tolist()):
+            cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
+            results.append(row[:cut])
+            new_mask[i, :cut] = 1
+        self.ids, self.mask = out.sequences, torch.cat([mask, new_mask], 1)
+        self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        self.rows = [s + r for s, r in zip(seqs, results)]
+        return results
+
+
 class HFPolicy:
     """A transformers model (optionally with a LoRA adapter, or an MoE's routed model) with `chat`.
 
