@@ -390,6 +390,63 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
                   f"{entry['before']['mean_reward']:.2f} -> {entry['after']['mean_reward']:.2f}; curve {entry['curve']}")
 
 
+@app.command()
+def build(run_dir: str = typer.Argument(..., help="run directory analysed by `trace-rl analyze`"),
+          capability: str = typer.Option(None, help="capability name (default: the best kept one)"),
+          benchmark: str = typer.Option(None, help="target benchmark (default: that of the failed examples)"),
+          builder: str = typer.Option("qwen2.5-coder-1.5b", help="env-builder model"),
+          builder_url: str = typer.Option(None, help="endpoint serving --builder"),
+          max_tokens: int = typer.Option(4096, help="builder answer length"),
+          rounds: int = typer.Option(5, help="builder/verifier rounds before a human is asked"),
+          review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
+          calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
+          calib_seeds: int = typer.Option(10, help="calibration seeds (the method: 100)"),
+          calib_samples: int = typer.Option(4, help="samples per seed (the method: 16)")):
+    """Synthesise one capability's training environment: build → verify in the sandbox → findings back."""
+    from pathlib import Path
+
+    from trace_rl.agents.analyst import compact
+    from trace_rl.agents.env_builder import Target, synthesize
+    from trace_rl.agents.llm import LLM, LLMConfig
+    from trace_rl.agents.verifier import VerifyConfig
+    from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
+    from trace_rl.evals.rollout import atomic_write_json
+
+    caps_path = Path(run_dir) / "analysis" / "capabilities.json"
+    if not caps_path.is_file():
+        console.print(f"[red]error:[/] {caps_path} not found; run `trace-rl analyze {run_dir}` first")
+        raise typer.Exit(2)
+    caps = json.loads(caps_path.read_text())["capabilities"]
+    pick = [c for c in caps if c["name"] == capability] if capability else [c for c in caps if c["kept"]][:1]
+    if not pick:
+        console.print(f"[red]error:[/] no capability {capability!r} in {caps_path}" if capability
+                      else f"[red]error:[/] no kept capability in {caps_path}; name one with --capability")
+        raise typer.Exit(2)
+    cap = pick[0]
+    trajs = {t.key: t for t in load_trajectories(run_dir)}
+    examples = [trajs[k] for k in cap["example_failed_task_ids"] if k in trajs]
+    try:
+        bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"))
+    except BenchmarkError as err:
+        console.print(f"[red]error:[/] {err}")
+        raise typer.Exit(2)
+    spec = bench.spec()
+    target = Target(bench.name, spec["tools"], spec["policy"], spec["system_prompt"])
+    model = LLM(LLMConfig(model=builder, base_url=builder_url, max_tokens=max_tokens))
+    cfg = VerifyConfig(calib_seeds=calib_seeds, calib_samples=calib_samples)
+    base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
+    out = Path(run_dir) / "envs" / cap["name"]
+    t0 = time.perf_counter()
+    result = synthesize(cap, target, model, out, [compact(t, 3000) for t in examples], reviewer=model if review else None,
+                        base_policy=base, cfg=cfg, max_rounds=rounds, log=console.print)
+    u = model.usage
+    result["cost"] = {"builder_calls": u.calls, "prompt_tokens": u.prompt_tokens,
+                      "completion_tokens": u.completion_tokens, "wall_seconds": time.perf_counter() - t0}
+    atomic_write_json(out / "result.json", result)
+    console.print(f"[bold]{cap['name']}[/] on {bench.name}: {result['status']} after {result['rounds']} round(s); "
+                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {result['cost']['wall_seconds']:.0f}s; attempts in {out}")
+
+
 def sample_turns(traj, n: int = 4) -> str:
     """The first agent turns of a trajectory, as the model wrote them."""
     lines = [f"[bold]{traj.model}[/] on {traj.task_id} ({'passed' if traj.passed else 'failed'}, {traj.termination}):"]
