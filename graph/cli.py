@@ -212,7 +212,8 @@ def _print_status(run_dir, st: dict) -> None:
         f"iter {f['iteration']}: {f['passed']}/{f['episodes']} passed ({f['model']})" for f in figs))
     caps = st.get("capabilities") or []
     table.add_row("analyse", f"{t.get('analyse', 0):.0f}", ", ".join(
-        f"{c['name']} ({c['runs_passed']}/{c['n_runs']}, {c['status']})" for c in caps if c.get("kept")) or
+        f"{c['name']} ({c['runs_passed']}/{c['n_runs']} runs{', below threshold' if c.get('below_threshold') else ''}, "
+        f"{c['status']})" for c in caps if c.get("kept") or c.get("below_threshold")) or
         (f"{len(caps)} candidates, none kept" if caps else ""))
     envs = st.get("envs") or {}
     table.add_row("synthesise", f"{t.get('build', 0) + t.get('verify', 0):.0f}", ", ".join(

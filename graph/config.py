@@ -70,6 +70,9 @@ class RunConfig(Strict):
     library_fallback: bool = Field(False, description="when all rounds fail, use a shipped verified environment "
                                                       "for the same target, if one matches (recorded as such)")
     max_capabilities: int = Field(4, ge=1, description="kept capabilities trained, best mean Δ first")
+    train_unkept: int = Field(0, ge=0, description="when fewer capabilities than this pass K-of-N, also take the "
+                                                   "best-ranked candidates that did not (marked below_threshold); "
+                                                   "0 = the method's rule only")
     grpo: GRPOSettings = GRPOSettings()
     train_seeds: int = Field(1000, ge=1, description="environment seeds used for training")
     heldout_seeds: int = Field(20, ge=1, description="environment seeds (disjoint) for before/after success")
@@ -97,7 +100,7 @@ PRESETS: dict[str, dict] = {
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
         "verify": {"seeds": 12, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},
-        "build_rounds": 1, "library_fallback": True, "max_capabilities": 1,
+        "build_rounds": 1, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
         "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 6, "group_size": 4, "groups_per_step": 1},
         "train_seeds": 200, "heldout_seeds": 6,
         "compose": {"epochs": 1}, "eval_modes": ["base", "moe"],

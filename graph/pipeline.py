@@ -174,20 +174,26 @@ class Pipeline:
 
         trained = set(s.get("adapters") or {}) | {k for k, v in (s.get("envs") or {}).items()
                                                    if v.get("status") in ("rejected", "needs_human")}
-        kept = [c for c in s["capabilities"] if c["kept"] and c["name"] not in trained][:self.cfg.max_capabilities]
+        fresh = [c for c in s["capabilities"] if c["name"] not in trained]
+        kept = [c for c in fresh if c["kept"]][:self.cfg.max_capabilities]
+        if len(kept) < self.cfg.train_unkept:  # explicit opt-in for weak analysts; reported as such
+            extra = [{**c, "below_threshold": True} for c in fresh if not c["kept"]]
+            kept += extra[:min(self.cfg.train_unkept, self.cfg.max_capabilities) - len(kept)]
         decision = {"approve": [c["name"] for c in kept], "reject": {}}
         if kept and "capabilities" in self.cfg.approvals:
             decision = interrupt({"id": f"capabilities@{s.get('iteration', 0)}", "kind": "capabilities",
                                   "title": "Approve the capabilities to train",
-                                  "items": [{k: c[k] for k in ("name", "description", "cov_mean", "delta_mean",
-                                                               "runs_passed", "n_runs", "example_failed_task_ids")}
-                                            for c in kept]})
+                                  "items": [{k: c.get(k) for k in ("name", "description", "cov_mean", "delta_mean",
+                                                                   "runs_passed", "n_runs", "example_failed_task_ids",
+                                                                   "below_threshold")} for c in kept]})
         approve = [n for n in decision.get("approve", []) if n in {c["name"] for c in kept}]
         rejected = decision.get("reject", {})
+        below = {c["name"] for c in kept if c.get("below_threshold")}
         caps = []
         for c in s["capabilities"]:
             status = "APPROVED" if c["name"] in approve else "REJECTED" if c["name"] in rejected else c["status"]
-            caps.append({**c, "status": status, **({"reason": rejected[c["name"]]} if c["name"] in rejected else {})})
+            caps.append({**c, "status": status, **({"reason": rejected[c["name"]]} if c["name"] in rejected else {}),
+                         **({"below_threshold": True} if c["name"] in below else {})})
         self._write_statuses(s, caps)
         return {"capabilities": caps, "queue": approve, "selected": len(approve)}
 
@@ -410,8 +416,9 @@ class Pipeline:
     def report(self, s: State) -> dict:
         report = {"run_dir": str(self.dir), "benchmark": self.cfg.benchmark, "iteration": s.get("iteration", 0),
                   "rollouts": s.get("rollout_figures"),
-                  "capabilities": [{k: c.get(k) for k in ("name", "cov_mean", "delta_mean", "runs_passed", "n_runs",
-                                                          "kept", "status")} for c in s.get("capabilities") or []],
+                  "capabilities": [{k: c.get(k) for k in ("name", "description", "cov_mean", "delta_mean", "runs_passed",
+                                                          "n_runs", "kept", "below_threshold", "status")}
+                                   for c in s.get("capabilities") or []],
                   "environments": s.get("envs"), "adapters": s.get("adapters"), "composition": s.get("composition"),
                   "evaluation": s.get("results"), "timings": s.get("timings")}
         atomic_write_json(self.dir / "report.json", report)
@@ -497,8 +504,9 @@ def render_markdown(r: dict) -> str:
         lines.append(f"- rollouts (iteration {f['iteration']}, {f['model']}): {f['passed']}/{f['episodes']} passed")
     lines += ["", "## Capabilities", "", "| capability | Cov | Δ | runs passed | kept | status |", "|---|---|---|---|---|---|"]
     for c in r.get("capabilities") or []:
+        kept = "yes" if c["kept"] else "no (trained anyway: train_unkept)" if c.get("below_threshold") else "no"
         lines.append(f"| {c['name']} | {c['cov_mean']:.2f} | {c['delta_mean']:+.2f} | {c['runs_passed']}/{c['n_runs']} | "
-                     f"{'yes' if c['kept'] else 'no'} | {c['status']} |")
+                     f"{kept} | {c['status']} |")
     lines += ["", "## Environments and adapters", ""]
     for name, e in (r.get("environments") or {}).items():
         a = (r.get("adapters") or {}).get(name, {})

@@ -119,8 +119,10 @@ def analyst_script(messages, tools):
              "Without it the agent guesses.", "example_task_ids": failed},
             {"name": "polite_reply_style", "description": "Replies in full sentences. It is shown everywhere.",
              "example_task_ids": failed}]})
+    weak = os.environ.get("TRACE_RL_WEAK_ANALYST")  # labels everything PRESENT, as the embedded 0.5B did for real
     return json.dumps({"labels": [
-        {"trajectory": k, "capability": c, "label": "PRESENT" if c == "polite_reply_style" or o == "PASSED" else "LACKING"}
+        {"trajectory": k, "capability": c,
+         "label": "PRESENT" if weak or c == "polite_reply_style" or o == "PASSED" else "LACKING"}
         for k, o in trajs for c in ("lookup_before_answering", "polite_reply_style")]})
 
 

@@ -171,3 +171,16 @@ def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     res = subprocess.run(cli + ["resume", str(run)], cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "done" in res.stdout and "before / after" in res.stdout, res.stderr[-2000:]
     assert json.loads((run / "report.json").read_text())["adapters"]["lookup_before_answering"]["steps"] == 2
+
+
+def test_train_unkept_takes_the_best_candidate_only_when_asked(tmp_path, sandbox_image, monkeypatch):
+    """A weak analyst (everything PRESENT) keeps nothing: by default nothing is trained; with
+    train_unkept=1 the best-ranked candidate is, and it is marked below_threshold."""
+    monkeypatch.setenv("TRACE_RL_WEAK_ANALYST", "1")
+    st = drive(tmp_path / "a", config(), resume=False, log=lambda *a: None)["state"]
+    assert not any(c["kept"] for c in st["capabilities"]) and not st.get("adapters") and st["selected"] == 0
+    st = drive(tmp_path / "b", config(train_unkept=1), resume=False, log=lambda *a: None)["state"]
+    best = st["capabilities"][0]
+    assert best["name"] == "lookup_before_answering" and not best["kept"] and best["below_threshold"]
+    assert list(st["adapters"]) == ["lookup_before_answering"]
+    assert "no (trained anyway: train_unkept)" in (tmp_path / "b" / "report.md").read_text()
