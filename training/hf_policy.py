@@ -124,26 +124,21 @@ def assistant_labels(tokenizer, messages: list[dict], tools: list[dict] | None =
     return ids, labels
 
 
-def generate_batch(model, tokenizer, seqs: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-    """Sample one continuation per token sequence (left-padded batch), cut after the first
-    end-of-turn token. Plain softmax sampling at `temperature` (no top-k/top-p), as GRPO assumes."""
-    import torch
+def sampling(temperature: float) -> dict:
+    """generate() settings: plain softmax sampling at `temperature` (no top-k / top-p, as GRPO
+    assumes), or greedy at 0."""
+    return dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(s) for s in seqs)
-    dev = next(model.parameters()).device
-    ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=dev)
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
-    stops = stop_ids(tokenizer)
-    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=stops,
-                             pad_token_id=pad, repetition_penalty=1.0, **sample)
-    result = []
-    for row in out[:, width:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
-        result.append(row[:cut])
-    return result
+
+def cut_at_stop(row: list[int], stops: list[int]) -> list[int]:
+    """A sampled turn up to and including its first end-of-turn token."""
+    return row[:next((k + 1 for k, t in enumerate(row) if t in stops), len(row))]
+
+
+def generate_batch(model, tokenizer, seqs: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
+    """Sample one continuation per token sequence (a left-padded batch), cut after the first
+    end-of-turn token: reading every sequence from its start."""
+    return CachedBatch(model, tokenizer, temperature)(seqs, max_new_tokens)
 
 
 class CachedBatch:
@@ -193,18 +188,15 @@ class CachedBatch:
             cache = self.cache
             cache.batch_select_indices(sel)
         self.fed = ids.shape[1] - (cache.get_seq_length() if cache is not None else 0)  # columns run this call
-        sample = dict(do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0) \
-            if self.temperature > 0 else dict(do_sample=False)
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=max_new_tokens,
                                       eos_token_id=stops, pad_token_id=pad, repetition_penalty=1.0,
-                                      return_dict_in_generate=True, **sample)
+                                      return_dict_in_generate=True, **sampling(self.temperature))
         new = out.sequences[:, ids.shape[1]:]
         results, new_mask = [], torch.zeros_like(new)
         for i, row in enumerate(new.tolist()):
-            cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
-            results.append(row[:cut])
-            new_mask[i, :cut] = 1
+            results.append(cut_at_stop(row, stops))
+            new_mask[i, :len(results[-1])] = 1
         self.ids, self.mask = out.sequences, torch.cat([mask, new_mask], 1)
         self.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         self.rows = [s + r for s, r in zip(seqs, results)]
@@ -249,8 +241,7 @@ class HFPolicy:
         dev = next(self.model.parameters()).device
         kw: dict = dict(max_new_tokens=max_new, eos_token_id=stop_ids(self.tokenizer), repetition_penalty=1.0,
                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
-                        return_dict_in_generate=True)
-        kw.update(dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0) if temp > 0 else dict(do_sample=False))
+                        return_dict_in_generate=True, **sampling(temp))
         if self._cache is not None:
             seen, cache = self._cache
             n = 0
@@ -269,7 +260,7 @@ class HFPolicy:
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         if cache is not None:
             self._cache = (seq[:-1], cache)  # the last token was sampled, never fed
-        return seq[len(ids):]
+        return cut_at_stop(seq[len(ids):], stop_ids(self.tokenizer))
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float | None = None,
              max_tokens: int | None = None, **_) -> Reply:
