@@ -90,7 +90,10 @@ def write_env(llm, capability: dict, target: Target, examples: list[str], feedba
     msgs = build_messages(capability, target, examples, feedback, previous)
     last = ""
     for _ in range(attempts):
-        reply = llm.chat(msgs)
+        try:
+            reply = llm.chat(msgs)
+        except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
+            raise ValueError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
         try:
             return parse_draft(reply.content)
         except ValueError as err:

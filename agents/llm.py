@@ -27,7 +27,8 @@ class LLMConfig(BaseModel):
     api_key: str | None = Field(None, description="defaults to $OPENAI_API_KEY, or a dummy for local servers")
     temperature: float = 0.0
     max_tokens: int = 512
-    timeout: float = 300.0
+    timeout: float | None = Field(None, description="seconds per request; unset: 3600 for a local CPU server "
+                                                    "(a long answer from a 1.5B model takes ~20 min), 600 remote")
     retries: int = 2
     n_ctx: int = 16384  # tau2 telecom's solo prompt + tools is ~11k tokens
     price_in_per_mtok: float = 0.0
@@ -204,8 +205,11 @@ class LLM:
             base_url, self._served_name = (self.config.base_url, self.config.model) if self.config.base_url \
                 else local_endpoint(self.config.model, self.config.n_ctx)
             key = self.config.api_key or os.environ.get("OPENAI_API_KEY") or "sk-local"
-            self._client = OpenAI(base_url=base_url, api_key=key, timeout=self.config.timeout,
-                                  max_retries=self.config.retries)
+            local = self.config.base_url is None
+            timeout = self.config.timeout or (3600.0 if local else 600.0)
+            # a local server keeps working on a request whose client gave up: a retry would queue behind it
+            self._client = OpenAI(base_url=base_url, api_key=key, timeout=timeout,
+                                  max_retries=0 if local else self.config.retries)
         return self._client
 
     def _complete(self, messages: list[dict], tools: list[dict] | None, **kw) -> Reply:

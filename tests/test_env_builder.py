@@ -53,3 +53,14 @@ def test_synthesis_gives_up_to_a_human(tmp_path, sandbox_image):
                         log=lambda *a: None)
     assert result["status"] == "needs_human" and "contract" in result["last_findings"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_01", "attempt_02", "result.json"]
+
+
+def test_a_failing_builder_endpoint_is_a_recorded_round_not_a_crash(tmp_path):
+    def timeout(messages, tools):
+        raise TimeoutError("Request timed out.")
+
+    target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
+    result = synthesize({"name": "x_y", "description": "d."}, target, ScriptedLLM(timeout), tmp_path, max_rounds=1,
+                        log=lambda *a: None)
+    assert result["status"] == "needs_human" and "endpoint failed: TimeoutError" in result["last_findings"]
+    assert "Request timed out" in json.loads((tmp_path / "attempt_01" / "builder_error.json").read_text())["error"]
