@@ -95,7 +95,7 @@ PRESETS: dict[str, dict] = {
         "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3,
         "eval_tasks": 2, "base_model": "qwen2.5-coder-0.5b",
         "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
-        "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 2500},
+        "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},  # a 1.5B build takes ~20 min here
         "agent": {"max_steps": 8, "max_tokens": 160},
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
