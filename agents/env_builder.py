@@ -85,22 +85,31 @@ def build_messages(capability: dict, target: Target, examples: list[str], feedba
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
+class BuilderError(ValueError):
+    """The builder gave no valid module; `reply` is its last answer, kept for the record."""
+
+    def __init__(self, message: str, reply: str = ""):
+        super().__init__(message)
+        self.reply = reply
+
+
 def write_env(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
               attempts: int = 3) -> EnvDraft:
     msgs = build_messages(capability, target, examples, feedback, previous)
-    last = ""
+    last, text = "", ""
     for _ in range(attempts):
         try:
             reply = llm.chat(msgs)
         except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
-            raise ValueError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
+            raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}", text) from err
+        text = reply.content
         try:
-            return parse_draft(reply.content)
+            return parse_draft(text)
         except ValueError as err:
             last = str(err)
-            msgs = msgs + [{"role": "assistant", "content": reply.content},
+            msgs = msgs + [{"role": "assistant", "content": text},
                            {"role": "user", "content": f"That module is not valid: {last}. Send the whole corrected module."}]
-    raise ValueError(f"env-builder produced no valid module after {attempts} tries: {last}")
+    raise BuilderError(f"env-builder produced no valid module after {attempts} tries: {last}", text)
 
 
 def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
@@ -120,6 +129,8 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
     try:
         draft = write_env(builder, capability, target, list(examples), feedback, previous)
     except ValueError as err:
+        if getattr(err, "reply", ""):
+            (adir / "builder_reply.txt").write_text(err.reply)  # what it wrote, for whoever reads the findings
         atomic_write_json(adir / "builder_error.json", {"error": str(err)})
         return {"round": rnd, "error": str(err)}
     tmp = adir / ".env.py.tmp"

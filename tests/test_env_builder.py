@@ -55,6 +55,16 @@ def test_synthesis_gives_up_to_a_human(tmp_path, sandbox_image):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_01", "attempt_02", "result.json"]
 
 
+def test_an_unparsable_module_is_kept_with_the_error(tmp_path):
+    builder = ScriptedLLM(["```python\nclass Env(:\n```"] * 3)
+    target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
+    result = synthesize({"name": "x_y", "description": "d."}, target, builder, tmp_path, max_rounds=1,
+                        log=lambda *a: None)
+    assert result["status"] == "needs_human" and "does not parse" in result["last_findings"]
+    assert (tmp_path / "attempt_01" / "builder_reply.txt").read_text() == "```python\nclass Env(:\n```"
+    assert len(builder.requests) == 3 and "not valid" in builder.requests[2][-1]["content"]
+
+
 def test_a_failing_builder_endpoint_is_a_recorded_round_not_a_crash(tmp_path):
     def timeout(messages, tools):
         raise TimeoutError("Request timed out.")
