@@ -106,3 +106,14 @@ def test_synthetic_episode_runs_the_base_agent_loop(sandbox_image):
         obs = bad.step("", [{"id": "x", "function": {"name": "get_reservation_details", "arguments": "{oops"}}])
         assert obs.messages[0]["content"].startswith("Error") and not obs.done
         _json.dumps(t.to_dict())
+
+
+@pytest.mark.parametrize("name", sorted(__import__("trace_rl.agents.env_builder", fromlist=["library"]).library()))
+def test_every_library_environment_passes_against_its_target(sandbox_image, name):
+    """The shipped environments (`<capability>_<domain>.py`) are sound against that domain's real tools."""
+    from trace_rl.agents.env_builder import library
+    from trace_rl.evals.benchmark import load_benchmark
+
+    tools = load_benchmark(f"tau2:{name.rsplit('_', 1)[1]}").spec()["tools"]
+    findings, _ = automatic_checks(library()[name].read_text(), tools, CFG)
+    assert failed(findings) == set(), [f for f in findings if not f.passed]
