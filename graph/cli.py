@@ -181,11 +181,13 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None:
+    from rich.markup import escape
+
     from trace_rl.graph.pipeline import drive
 
     t0 = time.perf_counter()
     out = drive(run_dir, cfg, resume=resume, wait=wait, web_port=port if web else None,
-                log=lambda msg: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}"))
+                log=lambda msg: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}"))
     if out["status"] == "waiting":
         item = out["pending"]
         console.print(f"[yellow]waiting for a decision:[/] {item['title']} ({item['id']})\n"
