@@ -152,6 +152,16 @@ class Candidates(BaseModel):
     capabilities: list[Capability]
 
 
+def resolve_id(given: str, ids: set[str]) -> str | None:
+    """The trajectory id a model meant: exact, or with the "### trajectory" header it copied,
+    or the one id that contains (or is contained in) what it wrote; None if none or ambiguous."""
+    text = given.strip().removeprefix("###").strip().removeprefix("trajectory").strip()
+    if text in ids:
+        return text
+    hits = [k for k in ids if text and (text in k or k in text)]
+    return hits[0] if len(hits) == 1 else None
+
+
 def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Capability]:
     """Reject domain recipes and duplicates; raise with every problem so the model can fix them."""
     problems, out, seen_keys = [], [], []
@@ -161,10 +171,12 @@ def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[st
         if hits:
             problems.append(f"{c.name}: names the domain ({', '.join(sorted(hits))}); describe a general capability")
             continue
-        unknown = [t for t in c.example_task_ids if t not in failed_ids]
+        resolved = [resolve_id(t, failed_ids) for t in c.example_task_ids]
+        unknown = [t for t, r in zip(c.example_task_ids, resolved) if r is None]
         if unknown:
             problems.append(f"{c.name}: example ids {unknown} are not failed trajectories shown")
             continue
+        c.example_task_ids = list(dict.fromkeys(resolved))
         key = frozenset(words - {"and", "of", "the", "to"})
         if any(key <= k or k <= key for k in seen_keys):  # same words, or one name inside the other
             problems.append(f"{c.name}: duplicates another candidate")

@@ -151,3 +151,14 @@ def test_discovery_rejects_duplicates():
     ok = _check_candidates(Candidates(capabilities=[cap("state_tracking"), cap("tool_precision")]), AnalysisConfig(),
                            {"b/task1/0"})
     assert [c.name for c in ok] == ["state_tracking", "tool_precision"]
+
+
+def test_example_ids_are_resolved_when_the_model_copies_the_header():
+    from trace_rl.agents.analyst import resolve_id
+
+    ids = {"tau2:telecom/[x]a|b/0", "tau2:telecom/[x]a|c/0", "tau2:airline/13/0"}
+    assert resolve_id("### trajectory tau2:airline/13/0", ids) == "tau2:airline/13/0"
+    assert resolve_id(" tau2:airline/13/0 ", ids) == "tau2:airline/13/0"
+    assert resolve_id("airline/13", ids) == "tau2:airline/13/0"  # the one id containing it
+    assert resolve_id("tau2:telecom/[x]a", ids) is None  # ambiguous: two ids contain it
+    assert resolve_id("tau2:retail/1/0", ids) is None
