@@ -99,7 +99,9 @@ PRESETS: dict[str, dict] = {
         "agent": {"max_steps": 6, "max_tokens": 128},  # the composed model decodes at ~2.5 tok/s here (fp32)
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
-        "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},  # fewer: noisy
+        # 40 seeds: fewer make the random-policy check noisy. Calibration is measured and reported but does
+        # not gate: the 0.5B base scores ~0 on every environment here, so the band would stop every run.
+        "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4, "calibration_gate": False},
         "build_rounds": 1, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
         "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 5, "group_size": 4, "groups_per_step": 1, "max_turns": 6,
                                                     "max_turn_tokens": 64},

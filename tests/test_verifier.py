@@ -117,3 +117,17 @@ def test_every_library_environment_passes_against_its_target(sandbox_image, name
     tools = load_benchmark(f"tau2:{name.rsplit('_', 1)[1]}").spec()["tools"]
     findings, _ = automatic_checks(library()[name].read_text(), tools, CFG)
     assert failed(findings) == set(), [f for f in findings if not f.passed]
+
+
+def test_calibration_gates_unless_told_it_is_advisory(monkeypatch):
+    """A base model that never scores: the method rejects the env; advisory mode records and passes it."""
+    import trace_rl.agents.verifier as v
+
+    monkeypatch.setattr(v, "automatic_checks", lambda code, tools, cfg: ([v.Finding("contract", True, "ok")], {}))
+    monkeypatch.setattr(v, "calibrate", lambda code, policy, cfg: {**group_stats([[0.0] * 4] * 4, cfg), "groups": []})
+    gated = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(), base_policy=object())
+    assert not gated.passed and "outside bounds: mean_reward" in gated.failures()[0].detail
+    advisory = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(calibration_gate=False),
+                        base_policy=object())
+    assert advisory.passed and "(advisory: not gating)" in advisory.findings[-1].detail
+    assert advisory.calibration["mean_reward"] == 0.0
