@@ -119,3 +119,34 @@ def test_constant_groups_are_redrawn(tmp_path):
     assert sum(r["episode/redrawn_groups"] for r in res.log) > 0
     # a step is left without signal only when its group stayed constant after the last redraw
     assert all(r["reward_std"] > 0 or r["episode/constant_groups"] == 1 for r in res.log)
+
+
+def test_data_parallel_training_matches_one_process(tmp_path):
+    """Two processes (torchrun, gloo) sharing one global batch train the same adapter as one."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    here = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": here, "OMP_NUM_THREADS": "1"}
+    worker = os.path.join(here, "grpo_dp_worker.py")
+    subprocess.run([sys.executable, worker, str(tmp_path / "one")], env=env, check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", worker,
+                    str(tmp_path / "two")], env=env, check=True, timeout=600)
+    one, two = (load_file(str(tmp_path / d / "adapter" / "adapter_model.safetensors")) for d in ("one", "two"))
+    assert one.keys() == two.keys() and any(v.abs().sum() > 0 for k, v in one.items() if "lora_B" in k)
+    assert all(torch.allclose(one[k], two[k], atol=1e-6) for k in one)
+    logs = [json.loads((tmp_path / d / "train_log.json").read_text()) for d in ("one", "two")]
+    assert [round(r["reward"], 6) for r in logs[0]] == [round(r["reward"], 6) for r in logs[1]]
+    assert (tmp_path / "two" / "rollouts" / "rank1" / "trajectories.jsonl").is_file()
+
+
+def test_groups_per_step_must_split_evenly_across_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    tok = tiny_tokenizer()
+    g = CapabilityGRPO(tiny_model(tok), tok, LetterBench(), ["1"], tmp_path,
+                       PRESETS["tiny"].model_copy(update={"groups_per_step": 3}))
+    with pytest.raises(ValueError, match="groups_per_step=3 must be a multiple of the 2"):
+        g.config()

@@ -2,7 +2,7 @@
 support, like SmolLM2's) and a random Qwen2 of a few thousand parameters. No weights needed."""
 from __future__ import annotations
 
-import json
+from trace_rl.evals.letters import LetterBench, LetterEpisode  # noqa: F401  (the tests' toy benchmark)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -49,59 +49,3 @@ def save_tiny(path, seed: int = 0):
     return path
 
 
-# ---------------------------------------------------------------- a tiny in-process benchmark
-class LetterEpisode:
-    """Reward = share of the letter 'a' in the agent's reply: varies with sampled text, so a
-    random model's GRPO groups carry signal. A tool call is answered, then the agent replies."""
-
-    tools = [{"type": "function", "function": {"name": "get_user", "description": "Get a user.",
-                                               "parameters": {"type": "object", "properties": {
-                                                   "user_id": {"type": "string"}}, "required": ["user_id"]}}}]
-    max_steps = 3
-
-    def __init__(self, task_id: str, hinted: bool = False):
-        from trace_rl.evals.benchmark import Observation
-
-        self._obs = Observation
-        self.task_id, self.hinted, self.reply, self.closed = task_id, hinted, "", False
-        self.plain_system_prompt = f"Say many a letters. Task {task_id}."
-        self.system_prompt = self.plain_system_prompt + ("\n\nHint: the letter a." if hinted else "")
-
-    def reset(self):
-        return self._obs([{"role": "user", "content": f"Go {self.task_id}"}])
-
-    def step(self, content, tool_calls):
-        if tool_calls:
-            return self._obs([{"role": "tool", "tool_call_id": tc["id"], "content": json.dumps({"city": "Paris"})}
-                              for tc in tool_calls])
-        self.reply = content
-        return self._obs([], done=True, reason="agent_stop")
-
-    def score(self, termination):
-        from trace_rl.evals.benchmark import Score
-
-        r = self.reply.count("a") / max(1, len(self.reply))
-        return Score(r, r >= 0.5, {"termination": termination})
-
-    def close(self):
-        self.closed = True
-
-
-class LetterBench:
-    name = "letters"
-
-    def __init__(self):
-        self.opened: list[LetterEpisode] = []
-
-    def splits(self):
-        return ["train"]
-
-    def tasks(self, split="train"):
-        from trace_rl.evals.benchmark import Task
-
-        return [Task(str(i), self.name, split) for i in range(8)]
-
-    def episode(self, task_id, hinted=False):
-        ep = LetterEpisode(task_id, hinted)
-        self.opened.append(ep)
-        return ep

@@ -220,7 +220,9 @@ class CapabilityGRPO:
         self.model, self.tok, self.bench, self.task_ids = model, tokenizer, bench, list(task_ids)
         self.s, self.name, self.out = settings, name, Path(out_dir)
         self.rollout = TokenRollout(bench, tokenizer, settings)
-        self.store = TrajectoryStore(self.out / "rollouts")
+        self.rank, self.world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        # each data-parallel process plays its own groups and keeps its own episode store
+        self.store = TrajectoryStore(self.out / "rollouts" / (f"rank{self.rank}" if self.world > 1 else ""))
         self.trainer = None
 
     # -- generation backends
@@ -256,7 +258,7 @@ class CapabilityGRPO:
                 if not todo or attempt == self.s.resample_constant_groups:
                     break
                 for g in todo:
-                    tasks[g] = redraw(self.task_ids, self.s.seed, step, g, attempt)
+                    tasks[g] = redraw(self.task_ids, self.s.seed, step, self.rank, g, attempt)
                 redrawn += len(todo)
             flat_eps = [e for r in results for e in r]
             metrics = trainer._metrics["train"]
@@ -287,9 +289,15 @@ class CapabilityGRPO:
         from trl import GRPOConfig
 
         s = self.s
+        if s.groups_per_step % self.world:
+            raise ValueError(f"grpo.groups_per_step={s.groups_per_step} must be a multiple of the {self.world} "
+                             "training processes (each process plays whole groups); set groups_per_step to "
+                             f"{self.world * max(1, s.groups_per_step // self.world)} or launch fewer processes")
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        # the global batch (G x groups_per_step episodes) is the same for any number of processes
         return GRPOConfig(
-            output_dir=str(self.out / "checkpoints"), per_device_train_batch_size=s.group_size * s.groups_per_step,
+            output_dir=str(self.out / "checkpoints"),
+            per_device_train_batch_size=s.group_size * s.groups_per_step // self.world,
             num_generations=s.group_size, gradient_accumulation_steps=1, max_steps=s.steps,
             learning_rate=s.learning_rate, lr_scheduler_type="constant", warmup_steps=0, epsilon=s.epsilon,
             epsilon_high=s.epsilon_high, beta=s.beta, temperature=s.temperature,
@@ -328,7 +336,11 @@ class CapabilityGRPO:
         ckpt_dir = self.out / "checkpoints"
         last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
         trainer.train(resume_from_checkpoint=last)
-        adapter = self.out / "adapter"
+        log = [r for r in trainer.state.log_history if "reward" in r]
+        adapter, curve = self.out / "adapter", self.out / "curve.png"
+        trainer.accelerator.wait_for_everyone()
+        if not trainer.accelerator.is_main_process:  # rank 0 writes the results
+            return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
         tmp = self.out / ".adapter.tmp"
         trainer.save_model(str(tmp))
         if adapter.exists():
@@ -336,9 +348,7 @@ class CapabilityGRPO:
 
             shutil.rmtree(adapter)
         tmp.rename(adapter)
-        log = [r for r in trainer.state.log_history if "reward" in r]
         (self.out / "train_log.json").write_text(json.dumps(log, indent=1))
-        curve = self.out / "curve.png"
         plot_curve(log, curve, f"GRPO: {self.name}")
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 
