@@ -358,7 +358,9 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
           out: str = typer.Option("runs/train", help="output directory (resumes from its checkpoints)"),
           heldout: int = typer.Option(20, help="held-out seeds for before/after success"),
           train_seeds: int = typer.Option(1000, help="training seeds")):
-    """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG."""
+    """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
+    Multi-GPU: `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
+    import os
     from pathlib import Path
 
     from pydantic import ValidationError
@@ -384,9 +386,17 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
     cfg = load_config(overrides={"train_model": model, "grpo": settings.model_dump(), "heldout_seeds": heldout,
                                  "train_seeds": train_seeds})
     pipe = Pipeline(Path(out), cfg, log=console.print)
-    s = {"current": name, "envs": {name: {"env": str(code_path.resolve())}}, "adapters": {}}
-    s["adapters"] = pipe.heldout_before(s)["adapters"]
-    s["adapters"] = {name: pipe.grpo(s)["adapters"][name]}
+    s = {"current": name, "envs": {name: {"env": str(code_path.resolve())}}, "adapters": {name: {}}}
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # data parallel (torchrun / accelerate launch): every process trains; held-out episodes run
+        # afterwards on rank 0 alone, so no process waits in a collective while another evaluates
+        s["adapters"] = {name: pipe.grpo(s)["adapters"][name]}
+        if int(os.environ.get("RANK", "0")):
+            return
+        s["adapters"][name].update(pipe.heldout_before(s)["adapters"][name])
+    else:
+        s["adapters"] = pipe.heldout_before(s)["adapters"]
+        s["adapters"] = {name: pipe.grpo(s)["adapters"][name]}
     entry = pipe.heldout_after(s)["adapters"][name]
     console.print(f"[bold]{name}[/]: {entry['steps']} GRPO steps; held-out success "
                   f"{entry['before']['success']:.0%} -> {entry['after']['success']:.0%}, mean reward "

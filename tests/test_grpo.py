@@ -150,3 +150,28 @@ def test_groups_per_step_must_split_evenly_across_processes(tmp_path, monkeypatc
                        PRESETS["tiny"].model_copy(update={"groups_per_step": 3}))
     with pytest.raises(ValueError, match="groups_per_step=3 must be a multiple of the 2"):
         g.config()
+
+
+@pytest.mark.docker
+def test_train_command_under_torchrun(tmp_path):
+    """The documented multi-GPU launch, on 2 CPU processes: every rank trains on a sandboxed
+    library env, rank 0 alone runs the held-out episodes and writes the report."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny import save_tiny
+
+    ckpt = save_tiny(tmp_path / "tiny")
+    env_py = Path(__file__).parents[1] / "sandbox" / "envs" / "tool_call_precision_telecom.py"
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "trace_rl.graph.cli",
+                    "train", str(env_py), "--model", str(ckpt), "--preset", "tiny", "--set", "groups_per_step=2",
+                    "--set", "steps=2", "--heldout", "2", "--train-seeds", "20", "--out", str(out)],
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, timeout=600)
+    d = out / "train" / env_py.stem
+    report = json.loads((d / "report.json").read_text())
+    assert report["steps"] == 2 and set(report["before"]) >= {"success", "mean_reward"} and "after" in report
+    assert (d / "grpo" / "adapter" / "adapter_model.safetensors").is_file()
+    assert {p.name for p in (d / "grpo" / "rollouts").iterdir()} >= {"rank0", "rank1"}

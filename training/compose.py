@@ -13,6 +13,7 @@ gates + manifest); `load()` brings it back for evaluation or serving.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -116,8 +117,8 @@ def load_base(model: str):
     from trace_rl.training.models import hf_checkpoint
 
     path = hf_checkpoint(model)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"  # one GPU per process
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), AutoTokenizer.from_pretrained(path)
 
 
