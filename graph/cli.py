@@ -357,7 +357,9 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
           set_: list[str] = typer.Option(None, "--set", help="override a GRPO setting, e.g. --set steps=40"),
           out: str = typer.Option("runs/train", help="output directory (resumes from its checkpoints)"),
           heldout: int = typer.Option(20, help="held-out seeds for before/after success"),
-          train_seeds: int = typer.Option(1000, help="training seeds")):
+          train_seeds: int = typer.Option(1000, help="training seeds"),
+          name: str = typer.Option(None, help="capability name (default: the module's file name); with --out RUN_DIR "
+                                              "the run's train step finds the adapter")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     Multi-GPU: `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
     import os
@@ -382,7 +384,7 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
     if not code_path.is_file():
         console.print(f"[red]error:[/] no environment module at {env}")
         raise typer.Exit(2)
-    name = code_path.stem
+    name = name or code_path.stem
     cfg = load_config(overrides={"train_model": model, "grpo": settings.model_dump(), "heldout_seeds": heldout,
                                  "train_seeds": train_seeds})
     pipe = Pipeline(Path(out), cfg, log=console.print)
