@@ -93,19 +93,23 @@ PRESETS: dict[str, dict] = {
     # the whole pipeline on the embedded models on a 2-core CPU, well under an hour
     "demo": {
         "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3,
-        "eval_tasks": 2, "base_model": "qwen2.5-coder-0.5b",
+        "eval_tasks": 1, "base_model": "qwen2.5-coder-0.5b",
         "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
         "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},  # a 1.5B build takes ~20 min here
-        "agent": {"max_steps": 6, "max_tokens": 128},  # the composed model decodes at ~2.5 tok/s here (fp32)
+        # the composed model runs in-process at ~2.5 tok/s (fp32) on telecom's ~10k-token prompt: ~6 min a task
+        "agent": {"max_steps": 5, "max_tokens": 96},
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
         # 40 seeds: fewer make the random-policy check noisy. Calibration is measured and reported but does
         # not gate: the 0.5B base scores ~0 on every environment here, so the band would stop every run.
         "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4, "calibration_gate": False},
         "build_rounds": 1, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
-        "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 5, "group_size": 4, "groups_per_step": 1, "max_turns": 6,
-                                                    "max_turn_tokens": 64},
-        "train_seeds": 200, "heldout_seeds": 6,
+        # a GRPO step of 4 episodes takes ~3 min here (rollout ~50 s, loss ~2 min); KL to the base would add
+        # ~1 min a step, so the demo leaves it to `trace-rl train` (docs/examples/grpo-cpu)
+        "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 3, "group_size": 4, "groups_per_step": 1, "max_turns": 3,
+                                                    "max_turn_tokens": 64, "resample_constant_groups": 1,
+                                                    "log_kl": False},
+        "train_seeds": 200, "heldout_seeds": 4,
         "compose": {"epochs": 1}, "eval_modes": ["base", "moe"],
         "approvals": ["capabilities", "environments"], "auto_approve": True,
     },

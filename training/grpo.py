@@ -236,6 +236,9 @@ class CapabilityGRPO:
 
     def rollout_func(self, prompts: list, trainer) -> dict:
         """trl calls this with each group's prompt repeated G times; a prompt is the task id."""
+        import time
+
+        t0 = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         model.eval()
@@ -266,8 +269,11 @@ class CapabilityGRPO:
             metrics["episode/turns"].append(sum(e.turns for e in flat_eps) / len(flat_eps))
             metrics["episode/redrawn_groups"].append(float(redrawn))
             metrics["episode/constant_groups"].append(float(len(todo)))
+            metrics["time/rollout_s"].append(time.perf_counter() - t0)
             if self.s.log_kl and hasattr(model, "disable_adapter"):
+                t1 = time.perf_counter()
                 metrics["kl_to_base"].append(kl_to_base(model, flat_eps))
+                metrics["time/kl_s"].append(time.perf_counter() - t1)
             self._store(flat_eps, step)
         finally:
             model.train(was_training)

@@ -5,9 +5,10 @@ schema allows (these take none), and nothing invented. The embedded 0.5B agent's
 trajectories fail this way: it fills argument-less tools with made-up "properties". The ticket
 names one phone check (status bar, network status, data restrictions, speed test); the agent
 runs it and closes the ticket with `done`.
-Reward (denser than the target's all-or-nothing, as TRACE §3 asks): 0.5 the first call is the right
-check with valid arguments + 0.2 no invalid or wrong calls (given at least one call) + 0.3 closed with
-`done` right after.
+Reward (denser than the target's all-or-nothing, as TRACE §3 asks): 0.2 the first call names the
+right check + 0.3 with valid arguments + 0.2 no invalid or wrong calls (given at least one call) +
+0.3 closed with `done` right after. The first part is what a small base model gets some of the time
+(the right tool, invented arguments), so its GRPO groups carry signal from the start.
 """
 from trace_env import Environment
 
@@ -155,13 +156,14 @@ class Env(Environment):
 
     # -- reward
     def score(self):
-        w = {"right_call": 0.5, "clean": 0.2, "closed": 0.3}
+        w = {"right_tool": 0.2, "right_call": 0.3, "clean": 0.2, "closed": 0.3}
         first = self.calls[0] if self.calls else None  # precision: the first call is the right one, not a guess
-        ok = [first] if first and first[0] == self.tool and first[2] is not None else []
+        named = bool(first) and first[0] == self.tool
+        ok = [first] if named and first[2] is not None else []
         wrong = [c for c in self.calls if c[0] not in (self.tool, "done")]
         closed_after = bool(ok) and self.ended_with_done and self.calls[-1][0] == "done"
         clean = bool(self.calls) and not self.invalid and not wrong
-        return {"components": {"right_call": float(bool(ok)), "clean": float(clean), "closed": float(closed_after)},
+        return {"components": {"right_tool": float(named), "right_call": float(bool(ok)), "clean": float(clean), "closed": float(closed_after)},
                 "weights": w}
 
     def reference_actions(self):
