@@ -175,3 +175,12 @@ def test_train_command_under_torchrun(tmp_path):
     assert report["steps"] == 2 and set(report["before"]) >= {"success", "mean_reward"} and "after" in report
     assert (d / "grpo" / "adapter" / "adapter_model.safetensors").is_file()
     assert {p.name for p in (d / "grpo" / "rollouts").iterdir()} >= {"rank0", "rank1"}
+
+
+def test_kl_is_logged_every_n_steps(tmp_path):
+    tok = tiny_tokenizer()
+    bench = LetterBench()
+    res = CapabilityGRPO(tiny_model(tok), tok, bench, [t.id for t in bench.tasks()], tmp_path,
+                         PRESETS["tiny"].model_copy(update={"steps": 3, "kl_every": 2})).train()
+    assert [("kl_to_base" in r) for r in res.log] == [True, False, True]
+    assert (tmp_path / "curve.png").is_file()
