@@ -214,7 +214,8 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
                     samples[name] = tr
             mean = statistics.fmean(rewards)
             check = "answer_leak" if name == "parrot" else f"trivial_{name}"
-            detail = (f"echoing the prompt back scores {mean:.2f} on average: the answer is in the prompt"
+            detail = (f"echoing the prompt back scores {mean:.2f} on average"
+                      + (": the answer is in the prompt" if mean > cfg.trivial_max_mean else "")
                       if name == "parrot" else f"policy '{name}' scores {mean:.2f} on average")
             findings.append(Finding(check, mean <= cfg.trivial_max_mean, detail + f" (max {cfg.trivial_max_mean})",
                                     {"mean": mean}))

@@ -381,9 +381,11 @@ def plot_curve(log: list[dict], path: Path, title: str) -> None:
     axes[0].set_title("reward (±std) and success", fontsize=9)
     kl = [(x, r["kl_to_base"]) for x, r in zip(steps, log) if "kl_to_base" in r]  # every kl_every steps
     axes[1].plot([x for x, _ in kl], [k for _, k in kl], marker=".", color="tab:red")
+    if not kl:
+        axes[1].text(0.5, 0.5, "not logged (grpo.log_kl off)", ha="center", va="center", transform=axes[1].transAxes)
     axes[1].set_title("KL(policy || base)", fontsize=9)
     axes[2].plot(steps, [r.get("completions/mean_length", float("nan")) for r in log], marker=".", color="tab:green")
-    axes[2].set_title("model tokens per episode", fontsize=9)
+    axes[2].set_title("episode tokens after the prompt", fontsize=9)
     for ax in axes:
         ax.set_xlabel("step")
     fig.suptitle(title, fontsize=10)
