@@ -184,3 +184,14 @@ def test_kl_is_logged_every_n_steps(tmp_path):
                          PRESETS["tiny"].model_copy(update={"steps": 3, "kl_every": 2})).train()
     assert [("kl_to_base" in r) for r in res.log] == [True, False, True]
     assert (tmp_path / "curve.png").is_file()
+
+
+def test_a_batch_without_signal_changes_nothing(tmp_path):
+    """Every group constant (reward 0 on even tasks, no redraws): no forward/backward, no update."""
+    tok = tiny_tokenizer()
+    g = CapabilityGRPO(tiny_model(tok), tok, HalfDeadBench(), ["0", "2"], tmp_path,
+                       PRESETS["tiny"].model_copy(update={"steps": 2, "resample_constant_groups": 0}))
+    res = g.train()
+    assert [r["skipped_no_signal"] for r in res.log] == [1.0, 1.0]
+    lora_b = [p for n, p in g.trainer.model.named_parameters() if "lora_B" in n]
+    assert lora_b and all(float(p.abs().sum()) == 0.0 for p in lora_b)

@@ -196,6 +196,27 @@ def kl_to_base(model, eps: list[TokenEpisode]) -> float:
     return total / n if n else 0.0
 
 
+def _signal_only_trainer():
+    """trl's GRPOTrainer, except that a batch in which every group scored the same (all
+    advantages 0, no KL term) skips the forward/backward: its gradient is exactly zero, and an
+    optimizer step on it would only replay Adam's momentum. Weak base models on CPU produce such
+    batches often, and the loss is most of a step's time there. All processes decide together."""
+    import torch
+    from trl import GRPOTrainer
+
+    class SignalOnlyGRPOTrainer(GRPOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self.beta == 0.0:
+                adv = inputs["advantages"]
+                signal = float(self.accelerator.reduce(adv.abs().sum(), "sum"))
+                self._metrics["train"]["skipped_no_signal"].append(float(signal == 0.0))
+                if signal == 0.0:
+                    return torch.zeros((), device=adv.device, requires_grad=True)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    return SignalOnlyGRPOTrainer
+
+
 @dataclass
 class TrainResult:
     adapter: str
@@ -318,7 +339,6 @@ class CapabilityGRPO:
         from peft import LoraConfig
         from torch.utils.tensorboard import SummaryWriter
         from transformers.integrations import TensorBoardCallback
-        from trl import GRPOTrainer
 
         def env_reward(prompts, completions, env_reward, **_):
             return list(env_reward)
@@ -330,7 +350,7 @@ class CapabilityGRPO:
         data = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in self.task_ids]})
         lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
                           target_modules=s.lora_targets, task_type="CAUSAL_LM")
-        self.trainer = GRPOTrainer(model=self.model, reward_funcs=[env_reward, env_success], args=self.config(),
+        self.trainer = _signal_only_trainer()(model=self.model, reward_funcs=[env_reward, env_success], args=self.config(),
                                    train_dataset=data, processing_class=self.tok, peft_config=lora,
                                    rollout_func=self.rollout_func,
                                    callbacks=[TensorBoardCallback(SummaryWriter(str(self.out / "tensorboard")))])
