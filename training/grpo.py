@@ -350,7 +350,8 @@ class CapabilityGRPO:
         data = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in self.task_ids]})
         lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
                           target_modules=s.lora_targets, task_type="CAUSAL_LM")
-        self.trainer = _signal_only_trainer()(model=self.model, reward_funcs=[env_reward, env_success], args=self.config(),
+        trainer_cls = _signal_only_trainer()
+        self.trainer = trainer_cls(model=self.model, reward_funcs=[env_reward, env_success], args=self.config(),
                                    train_dataset=data, processing_class=self.tok, peft_config=lora,
                                    rollout_func=self.rollout_func,
                                    callbacks=[TensorBoardCallback(SummaryWriter(str(self.out / "tensorboard")))])
