@@ -163,7 +163,8 @@ class Env(Environment):
         wrong = [c for c in self.calls if c[0] not in (self.tool, "done")]
         closed_after = bool(ok) and self.ended_with_done and self.calls[-1][0] == "done"
         clean = bool(self.calls) and not self.invalid and not wrong
-        return {"components": {"right_tool": float(named), "right_call": float(bool(ok)), "clean": float(clean), "closed": float(closed_after)},
+        return {"components": {"right_tool": float(named), "right_call": float(bool(ok)), "clean": float(clean),
+                               "closed": float(closed_after)},
                 "weights": w}
 
     def reference_actions(self):
