@@ -42,6 +42,7 @@ class Status(str, Enum):
     APPROVED = "APPROVED"
     REJECTED = "REJECTED"
     DONE = "DONE"
+    NO_CONTRAST = "NO_CONTRAST"  # would pass Cov/Δ, but too few applicable passed trajectories to contrast with
 
 
 # ---------------------------------------------------------------- configuration
@@ -54,6 +55,10 @@ class AnalysisConfig(BaseModel):
     context_chars: int = Field(24000, ge=2000, description="trajectory text per LLM call (~4 chars a token)")
     per_trajectory_chars: int = Field(6000, ge=500, description="budget of one compacted trajectory")
     discovery_examples: int = Field(12, ge=2, description="trajectories shown in discovery (half failed)")
+    min_passed: int = Field(3, ge=1, description="applicable (labelled) passed trajectories a run needs for a "
+                                                 "contrast; fewer and the capability is no_contrast, not kept")
+    max_unlabelled: float = Field(0.2, ge=0, le=1, description="share of pairs a run may leave unlabelled; "
+                                                               "above it the run is unreliable and does not count")
     label_temperature: float = 0.7  # runs must be independent draws, not one greedy answer N times
     concurrency: int = Field(2, ge=1)
     domain_words: list[str] = Field(default_factory=list, description="words that mark a domain recipe")
@@ -235,27 +240,31 @@ def _batches(trajs: list[Trajectory], cfg: AnalysisConfig) -> list[list[Trajecto
     return out + ([cur] if cur else [])
 
 
+UNLABELLED = "UNLABELLED"  # cached for a pair the analyst never labelled: counts as NA, and is counted
+
+
 def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-                seed: int) -> dict[str, dict[str, Label]]:
+                seed: int) -> dict[str, dict[str, str]]:
+    """Labels of every pair in `batch`; a pair still missing after three asks is UNLABELLED."""
     cap_text = "\n".join(f"- {c.name}: {c.description}" for c in caps)
     text = "\n\n".join(compact(t, cfg.per_trajectory_chars) for t in batch)
     msgs = [{"role": "system", "content": prompts.load("analyst_labelling", capabilities=cap_text)},
             {"role": "user", "content": text}]
     want = {(t.key, c.name) for t in batch for c in caps}
-    out: dict[str, dict[str, Label]] = {t.key: {} for t in batch}
+    out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
     for _ in range(3):
         got = llm.structured(msgs, LabelBatch, temperature=cfg.label_temperature, seed=seed)
         for item in got.labels:
             if (item.trajectory, item.capability) in want:
-                out[item.trajectory][item.capability] = item.label
+                out[item.trajectory][item.capability] = item.label.value
         missing = [(t, c) for t, c in sorted(want) if c not in out[t]]
         if not missing:
             return out
         msgs = msgs + [{"role": "assistant", "content": got.model_dump_json()},
                        {"role": "user", "content": "You missed these pairs; label them: "
                                                    + "; ".join(f"{t} x {c}" for t, c in missing[:40])}]
-    for t, c in missing:  # still missing after 3 asks: the method's rule, when unsure lean to PRESENT
-        out[t][c] = Label.PRESENT
+    for t, c in missing:  # never guessed: an unlabelled pair is NA, recorded as such and counted
+        out[t][c] = UNLABELLED
     return out
 
 
@@ -277,8 +286,16 @@ class LabelCache:
         atomic_write_json(self.path(run), labels)
 
 
+@dataclass
+class LabelRun:
+    """One labelling run: trajectory -> capability -> label (absent = NA), and how many pairs
+    the analyst left unlabelled (counted as NA)."""
+    labels: dict[str, dict[str, Label]]
+    unlabelled: int = 0
+
+
 def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-               cache: LabelCache, progress: bool = True) -> list[dict[str, dict[str, Label]]]:
+               cache: LabelCache, progress: bool = True) -> list[LabelRun]:
     """N independent labelling runs (isolated contexts), resumable from the cache."""
     from rich.progress import Progress
 
@@ -290,10 +307,13 @@ def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: A
         for batch in _batches(todo, cfg):
             got = label_batch(llm, batch, caps, cfg, seed=1000 + r)
             for key, d in got.items():
-                labels.setdefault(key, {}).update({k: v.value for k, v in d.items()})
+                labels.setdefault(key, {}).update(d)
             cache.save(r, labels)
             bar.update(task, advance=len(batch))
-        return {k: {n: Label(v) for n, v in d.items() if n in names} for k, d in labels.items()}
+        keys = {t.key for t in trajs}
+        return LabelRun({k: {n: Label(v) for n, v in d.items() if n in names and v != UNLABELLED}
+                         for k, d in labels.items() if k in keys},
+                        sum(v == UNLABELLED for k, d in labels.items() if k in keys for n, v in d.items() if n in names))
 
     with Progress(disable=not progress) as bar:
         task = bar.add_task("labelling", total=len(trajs) * cfg.n_runs)
@@ -313,14 +333,18 @@ class RunFigures:
     er_minus: float
     er_plus: float
     delta: float
+    contrast: bool  # at least min_passed applicable passed trajectories
+    reliable: bool  # the run labelled all but at most max_unlabelled of its pairs
     passed: bool
 
 
-def run_figures(labels: dict[str, Label], outcome: dict[str, bool], cfg: AnalysisConfig) -> RunFigures:
+def run_figures(labels: dict[str, Label], outcome: dict[str, bool], cfg: AnalysisConfig,
+                reliable: bool = True) -> RunFigures:
     """One run's figures for one capability. `labels`: trajectory -> label (missing = NA).
 
     Edge cases are defined, never a division error: with no failures Cov = 0; with no
-    applicable failed (or passed) trajectories ER- (or ER+) = 0.
+    applicable failed (or passed) trajectories ER- (or ER+) = 0. A run passes only with a
+    contrast (ER+ measured on at least `min_passed` passed trajectories) and if reliable.
     """
     c = {"LF": 0, "PF": 0, "LP": 0, "PP": 0}
     for key, ok in outcome.items():
@@ -333,8 +357,10 @@ def run_figures(labels: dict[str, Label], outcome: dict[str, bool], cfg: Analysi
     er_minus = c["LF"] / (c["LF"] + c["PF"]) if c["LF"] + c["PF"] else 0.0
     er_plus = c["LP"] / (c["LP"] + c["PP"]) if c["LP"] + c["PP"] else 0.0
     delta = er_minus - er_plus
+    contrast = c["LP"] + c["PP"] >= cfg.min_passed
     return RunFigures(**c, n_failed=n_failed, cov=cov, er_minus=er_minus, er_plus=er_plus, delta=delta,
-                      passed=cov >= cfg.rho - EPS and delta >= cfg.delta - EPS)
+                      contrast=contrast, reliable=reliable,
+                      passed=cov >= cfg.rho - EPS and delta >= cfg.delta - EPS and contrast and reliable)
 
 
 @dataclass
@@ -350,29 +376,49 @@ class CapabilityResult:
     kept: bool
     status: str
     example_failed_task_ids: list[str]
+    reliable_runs: int = 0
+    reason: str = ""  # why it was not kept, in words
     runs: list[dict] = field(default_factory=list)
 
 
-def aggregate(caps: list[Capability], runs: list[dict[str, dict[str, Label]]], outcome: dict[str, bool],
+def reliable(run: LabelRun, pairs: int, cfg: AnalysisConfig) -> bool:
+    return run.unlabelled <= cfg.max_unlabelled * pairs + EPS
+
+
+def aggregate(caps: list[Capability], runs: list[LabelRun | dict[str, dict[str, Label]]], outcome: dict[str, bool],
               cfg: AnalysisConfig) -> list[CapabilityResult]:
     """Kept capabilities first, ranked by mean Δ (then the dropped ones, also by mean Δ)."""
+    runs = [r if isinstance(r, LabelRun) else LabelRun(r) for r in runs]
+    pairs = len(outcome) * len(caps)
+    ok = [reliable(r, pairs, cfg) for r in runs]
     results = []
     for cap in caps:
-        figs = [run_figures({k: d.get(cap.name, Label.NA) for k, d in run.items()}, outcome, cfg) for run in runs]
+        figs = [run_figures({k: d.get(cap.name, Label.NA) for k, d in run.labels.items()}, outcome, cfg, good)
+                for run, good in zip(runs, ok)]
         covs, deltas = [f.cov for f in figs], [f.delta for f in figs]
         n_pass = sum(f.passed for f in figs)
         kept = n_pass >= cfg.k
-        lacking_failed = sorted({k for run in runs for k, d in run.items()
+        gap_runs = sum(f.cov >= cfg.rho - EPS and f.delta >= cfg.delta - EPS and f.reliable for f in figs)
+        if kept:
+            status, reason = Status.PENDING, ""
+        elif gap_runs >= cfg.k:  # the gap is there, but there is nothing passed to contrast it with
+            status, reason = Status.NO_CONTRAST, (f"no_contrast: fewer than {cfg.min_passed} applicable passed "
+                                                  f"trajectories in {gap_runs - n_pass} of {len(runs)} runs")
+        else:
+            status = Status.REJECTED
+            reason = (f"only {sum(ok)} of {len(runs)} runs reliable (> {cfg.max_unlabelled:.0%} unlabelled)"
+                      if sum(ok) < cfg.k else f"passed Cov ≥ {cfg.rho} and Δ ≥ {cfg.delta} in {n_pass} of "
+                                              f"{len(runs)} runs (need {cfg.k})")
+        lacking_failed = sorted({k for run in runs for k, d in run.labels.items()
                                  if d.get(cap.name) is Label.LACKING and not outcome.get(k, True)})
         results.append(CapabilityResult(
             name=cap.name, description=cap.description,
             cov_mean=statistics.fmean(covs) if covs else 0.0, cov_std=statistics.pstdev(covs) if covs else 0.0,
             delta_mean=statistics.fmean(deltas) if deltas else 0.0,
             delta_std=statistics.pstdev(deltas) if deltas else 0.0,
-            runs_passed=n_pass, n_runs=len(runs), kept=kept,
-            status=(Status.PENDING if kept else Status.REJECTED).value,
+            runs_passed=n_pass, n_runs=len(runs), kept=kept, status=status.value,
             example_failed_task_ids=(lacking_failed or cap.example_task_ids)[:4],
-            runs=[asdict(f) for f in figs]))
+            reliable_runs=sum(ok), reason=reason, runs=[asdict(f) for f in figs]))
     return sorted(results, key=lambda r: (not r.kept, -r.delta_mean))
 
 
@@ -399,8 +445,12 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     outcome = {t.key: t.passed for t in trajs}
     results = aggregate(caps, runs, outcome, cfg)
     usage = {k: llm.usage.as_dict()[k] - usage0[k] for k in usage0}
+    pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
+        "passed": sum(t.passed for t in trajs),
+        "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "reliable": reliable(r, pairs, cfg)}
+                           for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name},
         "capabilities": [asdict(r) for r in results]})
     plot_cov_delta(results, cfg, out / "cov_delta.png")

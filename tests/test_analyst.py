@@ -9,7 +9,7 @@ from trace_rl.agents.analyst import (AnalysisConfig, Capability, Label, aggregat
 from trace_rl.agents.base_agent import Trajectory
 
 L, P, N = Label.LACKING, Label.PRESENT, Label.NA
-CFG = AnalysisConfig(n_runs=1, k=1)
+CFG = AnalysisConfig(n_runs=1, k=1, min_passed=1)
 
 
 def table(rows):
@@ -42,8 +42,9 @@ def test_threshold_boundaries_are_inclusive():
 def test_edge_cases_give_defined_values():
     no_fail = run_figures(*table([(True, L), (True, P)]), CFG)
     assert no_fail.cov == 0.0 and no_fail.er_minus == 0.0 and not no_fail.passed
-    no_pass = run_figures(*table([(False, L), (False, P)]), CFG)
-    assert no_pass.er_plus == 0.0 and no_pass.delta == pytest.approx(0.5) and no_pass.passed
+    no_pass = run_figures(*table([(False, L), (False, P)]), CFG)  # a gap, but nothing passed to contrast it with
+    assert no_pass.er_plus == 0.0 and no_pass.delta == pytest.approx(0.5) and not no_pass.contrast
+    assert not no_pass.passed
     all_na = run_figures(*table([(False, N), (True, N)]), CFG)
     assert (all_na.cov, all_na.delta, all_na.passed) == (0.0, 0.0, False)
     empty = run_figures({}, {}, CFG)
@@ -51,7 +52,7 @@ def test_edge_cases_give_defined_values():
 
 
 def test_k_of_n():
-    cfg = AnalysisConfig(n_runs=10, k=8)
+    cfg = AnalysisConfig(n_runs=10, k=8, min_passed=1)
     cap = Capability(name="precondition_verification", description="Checks state first. It matters.",
                      example_task_ids=["t0"])
     good = {"t0": {cap.name: L}, "t1": {cap.name: P}}
@@ -162,3 +163,76 @@ def test_example_ids_are_resolved_when_the_model_copies_the_header():
     assert resolve_id("airline/13", ids) == "tau2:airline/13/0"  # the one id containing it
     assert resolve_id("tau2:telecom/[x]a", ids) is None  # ambiguous: two ids contain it
     assert resolve_id("tau2:retail/1/0", ids) is None
+
+
+def _labelling_script(skip: set[str]):
+    """Labels `skip` capabilities never; the others LACKING on failed, PRESENT on passed."""
+    def script(messages, tools):
+        text = messages[1]["content"] if len(messages) > 1 else ""
+        if "propose at most" in messages[0]["content"].lower():
+            raise AssertionError("discovery is not under test here")
+        ids = re.findall(r"### trajectory (\S+)\noutcome: (PASSED|FAILED)", text)
+        names = re.findall(r"^- ([a-z_]+):", messages[0]["content"], re.M)
+        return json.dumps({"labels": [{"trajectory": k, "capability": c, "label": "PRESENT" if o == "PASSED" else "LACKING"}
+                                      for k, o in ids for c in names if c not in skip]})
+    return script
+
+
+def _caps(*names):
+    return [Capability(name=n, description="Does a thing before acting. It matters.", example_task_ids=["x"]) for n in names]
+
+
+def _write_candidates(path, caps):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "candidates.json").write_text(json.dumps({"capabilities": [c.model_dump() for c in caps]}))
+
+
+def test_unlabelled_pairs_are_na_counted_and_make_a_run_unreliable(tmp_path):
+    """A pair the analyst never labels is NA (not PRESENT) and counted; a run with more than
+    20 % of its pairs unlabelled does not count toward K."""
+    trajs = [traj(i, passed=i % 2 == 0) for i in range(8)]  # 4 passed, 4 failed
+    caps = _caps("lookup_before_acting", "ignored_capability_x")
+    _write_candidates(tmp_path, caps)
+    llm = ScriptedLLM(_labelling_script(skip={"ignored_capability_x"}))
+    cfg = AnalysisConfig(n_runs=2, k=1, concurrency=1)
+    results = analyze(trajs, llm, tmp_path, cfg, progress=False)
+    cached = json.loads((tmp_path / "labels" / "run_00.json").read_text())
+    assert {d["ignored_capability_x"] for d in cached.values()} == {"UNLABELLED"}  # never PRESENT
+    out = json.loads((tmp_path / "capabilities.json").read_text())
+    assert [r["unlabelled"] for r in out["labelling_runs"]] == [8, 8]  # 8 of 16 pairs
+    assert not any(r["reliable"] for r in out["labelling_runs"])  # 50 % > 20 %
+    by = {r.name: r for r in results}
+    # lookup_before_acting has a perfect gap in both runs, but neither run is reliable
+    assert by["lookup_before_acting"].runs[0]["delta"] == 1.0 and not by["lookup_before_acting"].kept
+    assert by["lookup_before_acting"].reliable_runs == 0 and "reliable" in by["lookup_before_acting"].reason
+    assert by["ignored_capability_x"].runs[0]["PP"] == 0  # NA, not PRESENT
+
+
+def test_a_reliable_run_with_few_unlabelled_pairs_still_counts(tmp_path):
+    trajs = [traj(i, passed=i % 2 == 0) for i in range(10)]
+    caps = _caps("lookup_before_acting")
+    _write_candidates(tmp_path, caps)
+    labels_dir = tmp_path / "labels"
+    labels_dir.mkdir()
+    # one cached run: 2 of 10 pairs unlabelled (20 %, the boundary: still reliable)
+    (labels_dir / "run_00.json").write_text(json.dumps(
+        {t.key: {"lookup_before_acting": "UNLABELLED" if i < 2 else ("PRESENT" if t.passed else "LACKING")}
+         for i, t in enumerate(trajs)}))
+    (res,) = analyze(trajs, ScriptedLLM([]), tmp_path, AnalysisConfig(n_runs=1, k=1), progress=False)
+    assert res.kept and res.reliable_runs == 1 and res.runs[0]["reliable"]
+
+
+def test_a_gap_without_passed_trajectories_is_no_contrast_not_kept(tmp_path):
+    """Cov and Δ pass, but only 2 passed trajectories are applicable (min_passed = 3)."""
+    trajs = [traj(i, passed=i < 2) for i in range(8)]  # 2 passed, 6 failed
+    caps = _caps("lookup_before_acting")
+    _write_candidates(tmp_path, caps)
+    (res,) = analyze(trajs, ScriptedLLM(_labelling_script(set())), tmp_path, AnalysisConfig(n_runs=2, k=2),
+                     progress=False)
+    assert res.runs[0]["cov"] == 1.0 and res.runs[0]["delta"] == 1.0
+    assert not res.kept and res.status == "NO_CONTRAST" and "no_contrast" in res.reason
+    more = [traj(i, passed=i < 3) for i in range(8)]  # with 3 passed it is kept
+    _write_candidates(tmp_path / "b", caps)
+    (res,) = analyze(more, ScriptedLLM(_labelling_script(set())), tmp_path / "b", AnalysisConfig(n_runs=2, k=2),
+                     progress=False)
+    assert res.kept and res.status == "PENDING"
