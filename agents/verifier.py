@@ -16,7 +16,9 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
 
 from trace_rl import prompts
 from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
@@ -104,8 +106,9 @@ def refuse(obs, turn, rng):
 
 
 def parrot(obs, turn, rng):
-    """Echo the prompt back: scores high only if the answer is written in the prompt."""
-    return {"content": obs["system_prompt"] + "\n" + "\n".join(str(m.get("content")) for m in obs["messages"])}
+    """Echo the prompt (and the training hint) back: scores high only if the answer is written there."""
+    return {"content": "\n".join([obs["system_prompt"], str(obs.get("hint") or ""),
+                                  *(str(m.get("content")) for m in obs["messages"])])}
 
 
 def random_tools(obs, turn, rng):
@@ -214,7 +217,7 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
                     samples[name] = tr
             mean = statistics.fmean(rewards)
             check = "answer_leak" if name == "parrot" else f"trivial_{name}"
-            detail = (f"echoing the prompt back scores {mean:.2f} on average"
+            detail = (f"echoing the prompt and hint back scores {mean:.2f} on average"
                       + (": the answer is in the prompt" if mean > cfg.trivial_max_mean else "")
                       if name == "parrot" else f"policy '{name}' scores {mean:.2f} on average")
             findings.append(Finding(check, mean <= cfg.trivial_max_mean, detail + f" (max {cfg.trivial_max_mean})",
@@ -228,8 +231,18 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
 
 # ---------------------------------------------------------------- LLM review
 class Review(BaseModel):
-    verdict: str = Field(description="'pass' or 'fail'")
+    verdict: Literal["pass", "fail"] = Field(description="'pass' only with no findings")
     findings: list[str] = Field(default_factory=list, description="concrete problems: reward hacks, answer leaks")
+
+    @field_validator("verdict", mode="before")
+    @classmethod
+    def _lower(cls, v):
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @property
+    def passed(self) -> bool:
+        """A 'pass' that lists problems is a fail: the findings go back to the builder."""
+        return self.verdict == "pass" and not [f for f in self.findings if f.strip()]
 
 
 def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
@@ -239,8 +252,14 @@ def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
     msgs = [{"role": "system", "content": prompts.load("verifier_review")},
             {"role": "user", "content": f"# capability\n{capability['name']}: {capability['description']}\n\n"
                                         f"# environment code\n```python\n{code}\n```\n\n# sample episodes\n{episodes}"}]
-    review = llm.structured(msgs, Review)
-    return {"verdict": review.verdict.strip().lower(), "findings": review.findings}
+    from trace_rl.agents.llm import StructuredOutputError
+
+    try:
+        review = llm.structured(msgs, Review)
+    except StructuredOutputError as err:  # no valid verdict is no verdict: not a pass
+        return {"verdict": "invalid", "findings": [f"the reviewer gave no valid verdict: {str(err)[:300]}"],
+                "passed": False}
+    return {"verdict": review.verdict, "findings": [f for f in review.findings if f.strip()], "passed": review.passed}
 
 
 # ---------------------------------------------------------------- calibration
@@ -268,6 +287,18 @@ def group_stats(groups: list[list[float]], cfg: VerifyConfig) -> dict:
         "informative_groups": stats["informative_groups"] >= cfg.min_informative_groups,
     }
     return {**stats, "checks": checks, "accepted": all(checks.values())}
+
+
+def difficulty_advice(stats: dict, cfg: VerifyConfig) -> str:
+    """What the builder can change when the base model's figures fall outside the band."""
+    lo, hi = cfg.band
+    if stats["mean_reward"] < lo or stats["all_zero_groups"] > cfg.max_all_zero_groups:
+        return (f"too hard for the base model (band {lo}-{hi}): make instances smaller, add partial-credit "
+                "reward components for correct intermediate steps, or a hint (guidance, never the answer)")
+    if stats["mean_reward"] > hi or stats["all_success_groups"] > cfg.max_all_success_groups:
+        return (f"too easy for the base model (band {lo}-{hi}): make instances larger or add a distractor the "
+                "capability must handle; remove partial credit that any answer earns")
+    return "rewards do not vary within a seed: make the reward depend on what the agent does, with partial credit"
 
 
 def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2, progress: bool = True) -> dict:
@@ -299,8 +330,11 @@ def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyCon
     report = VerifierReport(findings, samples={k: v[:16] for k, v in samples.items() if k in ("solver", "do_nothing")})
     if report.passed and reviewer is not None:
         report.review = llm_review(reviewer, code, capability, samples)
-        ok = report.review["verdict"].startswith("pass")
-        report.findings.append(Finding("llm_review", ok, "; ".join(report.review["findings"]) or report.review["verdict"]))
+        r = report.review
+        detail = "; ".join(r["findings"]) or r["verdict"]
+        if r["verdict"] == "pass" and r["findings"]:
+            detail = f"verdict 'pass' but with findings (counted as a fail): {detail}"
+        report.findings.append(Finding("llm_review", r["passed"], detail))
     if report.passed and base_policy is not None:
         report.calibration = calibrate(code, base_policy, cfg)
         c = report.calibration
@@ -308,6 +342,7 @@ def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyCon
         report.findings.append(Finding("calibration", c["accepted"] or not cfg.calibration_gate,
                                        f"base model: mean reward {c['mean_reward']:.2f}, success {c['success_rate']:.2f}"
                                        + (f"; outside bounds: {', '.join(bad)}" if bad else "")
+                                       + ("" if c["accepted"] else "; " + difficulty_advice(c, cfg))
                                        + ("" if c["accepted"] or cfg.calibration_gate else " (advisory: not gating)"),
                                        {k: v for k, v in c.items() if k != "groups"}))
     return report

@@ -131,3 +131,102 @@ def test_calibration_gates_unless_told_it_is_advisory(monkeypatch):
                         base_policy=object())
     assert advisory.passed and "(advisory: not gating)" in advisory.findings[-1].detail
     assert advisory.calibration["mean_reward"] == 0.0
+
+
+def _passing_checks(monkeypatch):
+    import trace_rl.agents.verifier as v
+
+    monkeypatch.setattr(v, "automatic_checks", lambda code, tools, cfg: ([v.Finding("contract", True, "ok")], {}))
+    return v
+
+
+@pytest.mark.parametrize("answer, verdict_passes", [
+    ('{"verdict": "pass", "findings": []}', True),
+    ('{"verdict": "PASS", "findings": ["reward() gives 1 for any reply mentioning a city"]}', False),
+    ('{"verdict": "fail", "findings": ["the hint names the answer"]}', False),
+])
+def test_review_pass_with_findings_is_a_fail(monkeypatch, answer, verdict_passes):
+    from doubles import ScriptedLLM
+
+    v = _passing_checks(monkeypatch)
+    report = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(), reviewer=ScriptedLLM([answer]))
+    review = next(f for f in report.findings if f.check == "llm_review")
+    assert review.passed is verdict_passes and report.passed is verdict_passes
+    if not verdict_passes:
+        assert "review:" in report.feedback() and report.review["findings"][0] in report.feedback()
+
+
+def test_review_without_a_valid_verdict_is_a_fail_not_a_crash(monkeypatch):
+    from doubles import ScriptedLLM
+
+    v = _passing_checks(monkeypatch)
+    report = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+                      reviewer=ScriptedLLM(['{"verdict": "looks fine"}'] * 3))
+    assert not report.passed and "no valid verdict" in report.failures()[0].detail
+
+
+HINT_LEAK = '''"""Say the secret word (the secret is only in the hint)."""
+from trace_env import Environment
+
+
+class Env(Environment):
+    max_steps = 2
+    tools = [%s]
+
+    def generate(self, rng):
+        self.secret = "".join(rng.choice("qwxz") for _ in range(8))
+        self.hint = "The word to say is " + self.secret + "."
+        return "Say the word."
+
+    @property
+    def system_prompt(self):
+        return "Say the right word."
+
+    def tool_get_user(self, user_id):
+        return {"city": "Paris"}
+
+    def score(self):
+        return {"components": {"word": float(self.secret in self.final_reply)}, "weights": {"word": 1.0}}
+
+    def reference_actions(self):
+        return [{"content": self.secret}]
+'''
+
+
+def test_an_answer_in_the_hint_is_a_leak(sandbox_image):
+    from graph_doubles import TOOL
+    import json
+
+    findings, _ = automatic_checks(HINT_LEAK % json.dumps(TOOL), [TOOL], CFG)
+    leak = next(f for f in findings if f.check == "answer_leak")
+    assert not leak.passed and leak.figures["mean"] == 1.0
+
+
+def _coin_policy(p_right: float):
+    """A tiny stochastic policy for the "say a" env: "aaaa" (reward 1) with probability p_right."""
+    import random
+
+    from doubles import ScriptedLLM
+
+    rng = random.Random(0)
+    return ScriptedLLM(lambda messages, tools: "aaaa" if rng.random() < p_right else "bbbb", name=f"coin{p_right}")
+
+
+@pytest.mark.parametrize("p_right, accepted", [(0.4, True), (0.0, False), (1.0, False)])
+def test_calibration_runs_for_real_in_the_sandbox(sandbox_image, p_right, accepted):
+    """verify() with a real calibrate(): base-model episodes in the sandbox, group statistics,
+    the gate, and advice for the builder when the env is out of the band."""
+    from graph_doubles import ENV, TOOL
+    from trace_rl.agents.verifier import verify
+
+    cfg = VerifyConfig(seeds=6, determinism_seeds=1, calib_seeds=6, calib_samples=8)
+    report = verify(ENV, [TOOL], {"name": "say_letter_a", "description": "d"}, cfg, base_policy=_coin_policy(p_right))
+    calib = next(f for f in report.findings if f.check == "calibration")
+    assert len(report.calibration["groups"]) == 6 and all(len(g) == 8 for g in report.calibration["groups"])
+    assert calib.passed is accepted and report.passed is accepted
+    if p_right == 0.0:
+        assert report.calibration["mean_reward"] == 0.0 and "too hard" in report.feedback()
+    if p_right == 1.0:
+        assert report.calibration["success_rate"] == 1.0 and "too easy" in report.feedback()
+    if accepted:
+        assert 0.2 <= report.calibration["mean_reward"] <= 0.6
