@@ -74,3 +74,31 @@ def test_a_failing_builder_endpoint_is_a_recorded_round_not_a_crash(tmp_path):
                         log=lambda *a: None)
     assert result["status"] == "needs_human" and "endpoint failed: TimeoutError" in result["last_findings"]
     assert "Request timed out" in json.loads((tmp_path / "attempt_01" / "builder_error.json").read_text())["error"]
+
+
+@pytest.mark.parametrize("cap, expected", [
+    ({"name": "multilingual_poetry_generation", "description": "Writes sonnets in French. It is the key to the task."},
+     None),
+    ({"name": "empathetic_small_talk", "description": "Keeps the user happy with small talk and is polite to them."},
+     None),
+    ({"name": "tool_call_precision", "description": "Anything."}, "tool_call_precision"),
+    ({"name": "exact_tool_arguments", "description": "Anything."}, "tool_call_precision"),
+    ({"name": "schema_exact_arguments", "description": "Calls the tool the ticket needs with exactly the arguments "
+      "its schema allows, with nothing invented. Its absence shows as made-up properties."}, "tool_call_precision"),
+])
+def test_library_match_needs_content_words_or_an_alias(cap, expected):
+    """Shared stop words ("the", "is", "and") never make a match (they used to)."""
+    from trace_rl.agents.env_builder import library_match
+
+    got = library_match(cap, "tau2:telecom")
+    assert (got and got["name"]) == expected
+    if got:
+        assert got["description"].startswith("Reference environment") and got["why"]
+
+
+def test_library_match_is_per_target_domain():
+    from trace_rl.agents.env_builder import library_match
+
+    cap = {"name": "precondition_verification", "description": "Checks state first."}
+    assert library_match(cap, "tau2:airline")["name"] == "precondition_verification"
+    assert library_match(cap, "tau2:telecom") is None
