@@ -205,36 +205,28 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None
 
 
 def _print_status(run_dir, st: dict) -> None:
-    from pathlib import Path
+    from trace_rl.graph.pipeline import STAGE_NODES, row_notes, stage_summary
 
     t = st.get("timings") or {}
-    table = Table("stage", "wall s", "figures", title=f"trace-rl run {run_dir}")
-    figs = st.get("rollout_figures") or []
-    table.add_row("rollout", f"{t.get('rollout', 0):.0f}", "; ".join(
-        f"iter {f['iteration']}: {f['passed']}/{f['episodes']} passed ({f['model']})" for f in figs))
-    caps = st.get("capabilities") or []
-    table.add_row("analyse", f"{t.get('analyse', 0):.0f}", ", ".join(
-        f"{c['name']} ({c['runs_passed']}/{c['n_runs']} runs{', below threshold' if c.get('below_threshold') else ''}, "
-        f"{c['status']})" for c in caps if c.get("kept") or c.get("below_threshold")) or
-        (f"{len(caps)} candidates, none kept" if caps else ""))
-    envs = st.get("envs") or {}
-    table.add_row("synthesise", f"{t.get('build', 0) + t.get('verify', 0):.0f}", ", ".join(
-        f"{k}: {v['status']} ({v.get('source')}, {v.get('rounds')} rounds)" for k, v in envs.items()))
-    ads = st.get("adapters") or {}
-    table.add_row("train", f"{t.get('heldout_before', 0) + t.get('grpo', 0) + t.get('heldout_after', 0):.0f}", ", ".join(
-        f"{k}: {v.get('steps', '?')} steps, held-out success {v['before']['success']:.0%} -> {v['after']['success']:.0%}"
-        for k, v in ads.items() if "after" in v))
-    table.add_row("compose", f"{t.get('compose', 0):.0f}", st.get("composition") or "")
-    res = st.get("results") or {}
-    table.add_row("evaluate", f"{t.get('evaluate', 0):.0f}", ", ".join(
-        f"{m}: {r['passed']}/{r['episodes']}" for m, r in res.items()))
+    table = Table("stage", "wall s", "outcome", "detail", title=f"trace-rl run {run_dir}")
+    seen = set()
+    for row in stage_summary(st):  # a stage may have a row per capability: its time on the first
+        secs = sum(t.get(n, 0) for n in STAGE_NODES.get(row["stage"], [row["stage"]]))
+        table.add_row(row["stage"], "" if row["stage"] in seen else f"{secs:.0f}", row["outcome"], row["detail"])
+        seen.add(row["stage"])
     console.print(table)
+    res = st.get("results") or {}
     if res:
-        before = Table("mode", "pass@1", "95% CI", "passed", "mean reward", "steps",
+        notes = row_notes(st)
+        before = Table("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward", "note",
                        title="before / after on the target benchmark")
         for m, r in res.items():
-            before.add_row(m, f"{r['pass@1']:.1%}", f"{r['ci95'][0]:.0%}-{r['ci95'][1]:.0%}",
-                           f"{r['passed']}/{r['episodes']}", f"{r['mean_reward']:.2f}", f"{r['mean_steps']:.1f}")
+            if "skipped" in r:
+                before.add_row(m, "-", "-", "-", "-", "-", f"not evaluated: {r['skipped']}")
+                continue
+            before.add_row(m, f"{r['tasks']} × {r.get('trials', 1)}", f"{r['pass@1']:.1%}",
+                           f"{r['ci95'][0]:.0%}-{r['ci95'][1]:.0%}", f"{r['passed']}/{r['episodes']}",
+                           f"{r['mean_reward']:.2f}", notes.get(m, ""))
         console.print(before)
 
 
@@ -267,8 +259,13 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
     safe = "".join(c if c.isalnum() else "-" for c in cfg.benchmark)
     run_dir = Path(run_dir or f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
     if (run_dir / "graph.sqlite").exists():
-        console.print(f"[red]error:[/] {run_dir} already holds a run; continue it with `trace-rl resume {run_dir}`")
-        raise typer.Exit(2)
+        from trace_rl.graph.config import stage_fingerprints
+        from trace_rl.graph.pipeline import saved_fingerprints
+
+        if saved_fingerprints(run_dir) == stage_fingerprints(cfg):
+            console.print(f"[red]error:[/] {run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
+            raise typer.Exit(2)
+        console.print(f"{run_dir} holds a run with another config: the stages it changes are re-run")
     _drive(run_dir, cfg, False, wait, web, port)
 
 
@@ -516,11 +513,17 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
     llm = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens))
     out = Path(run_dir) / "analysis"
     results = run_analysis(trajs, llm, out, cfg)
-    table = Table("capability", "Cov mean±std", "Δ mean±std", "runs passed", "kept", "examples",
-                  title=f"{len(trajs)} trajectories, {sum(not t.passed for t in trajs)} failed")
+    import json
+
+    summary = json.loads((out / "capabilities.json").read_text())
+    unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + ("" if r["reliable"] else " (unreliable)")
+                  for r in summary["labelling_runs"]]
+    table = Table("capability", "Cov mean±std", "Δ mean±std", "runs passed", "kept", "why not", "examples",
+                  title=f"{len(trajs)} trajectories, {sum(not t.passed for t in trajs)} failed; "
+                        f"unlabelled pairs per run: {', '.join(unlabelled)}")
     for r in results:
         table.add_row(r.name, f"{r.cov_mean:.2f}±{r.cov_std:.2f}", f"{r.delta_mean:+.2f}±{r.delta_std:.2f}",
-                      f"{r.runs_passed}/{r.n_runs}", "[green]yes[/]" if r.kept else "no",
+                      f"{r.runs_passed}/{r.n_runs}", "[green]yes[/]" if r.kept else "no", r.reason,
                       ", ".join(r.example_failed_task_ids[:2]))
     console.print(table)
     u = llm.usage

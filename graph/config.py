@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trace_rl.agents.analyst import AnalysisConfig
 from trace_rl.agents.verifier import VerifyConfig
@@ -27,7 +27,7 @@ class ModelSpec(Strict):
 class AgentSettings(Strict):
     max_steps: int = Field(30, ge=1)
     max_tokens: int = Field(512, ge=16)
-    temperature: float = Field(0.0, ge=0)
+    temperature: float = Field(0.7, ge=0, description="> 0 so that repeated trials of a task can differ")
     concurrency: int = Field(1, ge=1)
 
 
@@ -54,7 +54,11 @@ class RunConfig(Strict):
     eval_split: str = Field("test", description="tasks for the final base-vs-composed evaluation")
     rollout_tasks: int = Field(0, ge=0, description="first N tasks of rollout_split (0 = all)")
     eval_tasks: int = Field(0, ge=0, description="first N tasks of eval_split (0 = all)")
-    trials: int = Field(1, ge=1)
+    trials: int = Field(2, ge=1, description="attempts per task in the rollout stage: with temperature > 0 the "
+                                             "same task can pass and fail, which gives the analyst a contrast")
+    eval_trials: int | None = Field(None, ge=1, description="attempts per task in the final evaluation (unset = trials)")
+    eval_mode_tasks: dict[str, int] = Field(default_factory=dict, description="fewer tasks for some modes, e.g. "
+                                            "{moe: 2} where in-process decoding is slow; the table states each row's count")
     base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
     base_url: str | None = None
     train_model: str | None = Field(None, description="transformers checkpoint of the base (default: made from base_model)")
@@ -86,31 +90,64 @@ class RunConfig(Strict):
     components: str | None = Field(None, description="module:function building the stage components "
                                                       "(LLMs, models); unset = the real ones from this config")
 
+    @model_validator(mode="after")
+    def _trials_need_sampling(self):
+        if self.trials > 1 and self.agent.temperature <= 0:
+            raise ValueError(f"trials={self.trials} with agent.temperature=0 repeats the same episode; "
+                             "set agent.temperature > 0 (e.g. 0.7) or trials=1")
+        return self
+
+
+# what each stage's cached output depends on (besides everything the stages before it depend on)
+STAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "rollout": ("benchmark", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
+                "agent", "components"),
+    "analyse": ("analyst", "analysis"),
+    "synthesise": ("builder", "reviewer", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
+                   "train_unkept", "approvals"),
+    "train": ("train_model", "grpo", "train_seeds", "heldout_seeds"),
+    "compose": ("compose",),
+    "evaluate": ("eval_split", "eval_tasks", "eval_trials", "eval_modes", "eval_mode_tasks"),
+}
+
+
+def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
+    """A hash per stage of the config that made its output, chained: a change in one stage's
+    fields changes its fingerprint and every later stage's."""
+    import hashlib
+
+    data, out, chain = cfg.model_dump(mode="json"), {}, ""
+    for stage, fields in STAGE_FIELDS.items():
+        chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields}, sort_keys=True)).encode()).hexdigest()
+        out[stage] = chain[:16]
+    return out
+
 
 PRESETS: dict[str, dict] = {
     # the method's settings (TRACE §2-5), for a GPU and a real endpoint
     "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
     # the whole pipeline on the embedded models on a 2-core CPU in under an hour (54 min measured)
     "demo": {
-        "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3,
-        "eval_tasks": 1, "base_model": "qwen2.5-coder-0.5b",
+        "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3, "trials": 2,
+        "eval_tasks": 10, "eval_trials": 1, "base_model": "qwen2.5-coder-0.5b",
         "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
         "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},  # a 1.5B build takes ~20 min here
         # the composed model runs in-process at ~2.5 tok/s (fp32) on telecom's ~10k-token prompt: ~6 min a task
-        "agent": {"max_steps": 5, "max_tokens": 96},
+        "agent": {"max_steps": 5, "max_tokens": 96, "temperature": 0.7},
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
-        # 40 seeds: fewer make the random-policy check noisy. Calibration is measured and reported but does
-        # not gate: the 0.5B base scores ~0 on every environment here, so the band would stop every run.
-        "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4, "calibration_gate": False},
-        "build_rounds": 1, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
+        # 40 seeds: fewer make the random-policy check noisy. Calibration gates, as in the method: an env the
+        # 0.5B base cannot score on goes back to the builder with its figures, then to a human.
+        "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},
+        "build_rounds": 2, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
         # a GRPO step of 4 episodes takes ~3 min here (rollout ~50 s, loss ~2 min); KL to the base would add
         # ~1 min a step, so the demo leaves it to `trace-rl train` (docs/examples/grpo-cpu)
         "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 3, "group_size": 4, "groups_per_step": 1, "max_turns": 3,
                                                     "max_turn_tokens": 64, "resample_constant_groups": 1,
                                                     "log_kl": False},
         "train_seeds": 200, "heldout_seeds": 4,
-        "compose": {"epochs": 1}, "eval_modes": ["base", "moe"],
+        # the base row runs on llama.cpp when nothing was composed; composed modes decode in-process (fp32, slow)
+        "eval_modes": ["base", "moe"], "eval_mode_tasks": {"base": 10, "moe": 2},
         "approvals": ["capabilities", "environments"], "auto_approve": True,
     },
 }

@@ -27,6 +27,18 @@ from trace_rl.evals.rollout import atomic_write_json
 from trace_rl.graph.config import RunConfig
 
 
+def adapter_changed(path) -> bool:
+    from trace_rl.training.grpo import adapter_changed as changed
+
+    return changed(path)
+
+
+def gates_untrained(composition_dir) -> bool:
+    """A composition whose gates saw no example routes every token to the base (slot 0)."""
+    manifest = json.loads((Path(composition_dir) / "manifest.json").read_text())
+    return not (manifest.get("gate_training") or {}).get("examples")
+
+
 # ---------------------------------------------------------------- state
 def _merge(a: dict, b: dict) -> dict:
     return {**(a or {}), **(b or {})}
@@ -42,6 +54,7 @@ def _add_times(a: dict, b: dict) -> dict:
 class State(TypedDict, total=False):
     iteration: int
     capabilities: list[dict]  # this iteration's analysis: figures, status
+    analysis: dict  # this iteration's labelling figures: trajectories, passed, unlabelled pairs per run
     queue: list[str]  # approved capabilities still to build and train
     current: str | None
     rounds: int  # builder rounds spent on `current`
@@ -49,6 +62,7 @@ class State(TypedDict, total=False):
     envs: Annotated[dict, _merge]  # capability -> {status, env, rounds, source}
     adapters: Annotated[dict, _merge]  # capability -> {adapter, before, after, steps}
     composition: str | None
+    gates_untrained: bool | None  # the composition's gates saw no example: moe = base
     results: dict  # final evaluation per mode
     rollout_figures: Annotated[list, operator.add]  # one per iteration
     timings: Annotated[dict, _add_times]  # seconds per node, summed over iterations and retries
@@ -166,7 +180,9 @@ class Pipeline:
 
         trajs = TrajectoryStore(self.it(s) / "rollouts").all()
         results = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True)
-        return {"capabilities": [{k: v for k, v in asdict(r).items() if k != "runs"} for r in results]}
+        out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
+        return {"capabilities": [{k: v for k, v in asdict(r).items() if k != "runs"} for r in results],
+                "analysis": {k: out[k] for k in ("trajectories", "passed", "failed", "labelling_runs")}}
 
     # -- 3. selection (+ human approval)
     def select(self, s: State) -> dict:
@@ -256,14 +272,21 @@ class Pipeline:
             ldir = self.env_dir(cap["name"]) / "library"
             ldir.mkdir(parents=True, exist_ok=True)
             if not (ldir / "env.py").is_file():
-                (ldir / "env.py").write_text(lib.read_text())
+                (ldir / "env.py").write_text(lib["path"].read_text())
             lreport = self._verify(cap, {"round": "library", "env": str(ldir / "env.py")})
             if lreport["passed"]:
-                self.log(f"{cap['name']}: builder failed {rnd} round(s); using library environment {lib.stem}")
-                return {"envs": {cap["name"]: {"status": "verified", "env": str(ldir / "env.py"), "rounds": rnd,
-                                               "source": f"library:{lib.stem}", "builder_findings": report["feedback"]}}}
+                self.log(f"{cap['name']}: builder failed {rnd} round(s); SUBSTITUTE: library environment "
+                         f"{lib['name']} ({lib['why']})")
+                return {"envs": {cap["name"]: {
+                    "status": "verified", "env": str(ldir / "env.py"), "rounds": rnd, "source": f"library:{lib['name']}",
+                    "substitute": f"library environment {lib['name']} ({lib['why']}): the builder's "
+                                  f"{rnd} round(s) failed", "trained_on": {"name": lib["name"],
+                                                                          "description": lib["description"]},
+                    "builder_findings": report["feedback"]}}}
+        why = "no library environment matches" if self.cfg.library_fallback else "library_fallback is off"
         return {"envs": {cap["name"]: {"status": "needs_human", "env": attempt.get("env"), "rounds": rnd,
-                                       "source": "builder", "findings": report["feedback"]}}}
+                                       "source": "builder", "findings": report["feedback"],
+                                       "reason": f"{rnd} builder round(s) failed verification; {why}"}}}
 
     def approve_env(self, s: State) -> dict:
         from langgraph.types import interrupt
@@ -316,7 +339,11 @@ class Pipeline:
         code = Path(s["envs"][name]["env"]).read_text()
         model, tok = self.comps.load_base()
         before = self._heldout(name, code, self._policy(model, tok, "base"), "before")
-        return {"adapters": {name: {"before": before}}}
+        env = s["envs"][name]
+        trained_on = env.get("trained_on") or {"name": name, "description": self.cap(s, name)["description"]
+                                               if any(c["name"] == name for c in s.get("capabilities") or []) else name}
+        return {"adapters": {name: {"before": before, "trained_on": trained_on,
+                                    **({"substitute": env["substitute"]} if env.get("substitute") else {})}}}
 
     def grpo(self, s: State) -> dict:
         from trace_rl.training.grpo import CapabilityGRPO
@@ -325,7 +352,8 @@ class Pipeline:
         out = self.train_dir(name) / "grpo"
         if (out / "adapter" / "adapter_config.json").is_file() and (out / "train_log.json").is_file():
             log = json.loads((out / "train_log.json").read_text())
-            return {"adapters": {name: {**s["adapters"][name], "adapter": str(out / "adapter"), "steps": len(log)}}}
+            return {"adapters": {name: {**s["adapters"][name], "adapter": str(out / "adapter"), "steps": len(log),
+                                        "untrained": not adapter_changed(out / "adapter")}}}
         code = Path(s["envs"][name]["env"]).read_text()
         model, tok = self.comps.load_base()
         with self._env_bench(name, range(self.cfg.train_seeds), code) as bench:
@@ -333,8 +361,12 @@ class Pipeline:
                                  self.cfg.grpo, name=name).train()
         tools = self._env_tools(name, code)
         atomic_write_json(self.train_dir(name) / "tools.json", tools)
+        untrained = not adapter_changed(res.adapter)
+        if untrained:
+            self.log(f"{name}: UNTRAINED: after {res.steps} GRPO steps every LoRA B matrix is still zero "
+                     "(no step had a reward signal); the adapter is left out of the composition")
         return {"adapters": {name: {**s["adapters"][name], "adapter": res.adapter, "steps": res.steps,
-                                    "curve": res.curve}}}
+                                    "curve": res.curve, "untrained": untrained}}}
 
     def _env_tools(self, name: str, code: str) -> list[dict]:
         with self._env_bench(name, range(1), code) as bench:
@@ -364,21 +396,30 @@ class Pipeline:
         from trace_rl.training.compose import compose
 
         out = self.dir / "composition"
-        adapters = {k: v for k, v in (s.get("adapters") or {}).items() if v.get("adapter")}
-        if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())["adapters"] == list(adapters):
-            return {"composition": str(out)}
+        trained = {k: v for k, v in (s.get("adapters") or {}).items() if v.get("adapter") and not v.get("untrained")}
+        if not trained:
+            self.log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
+            return {"composition": None, "gates_untrained": None}
+        # each adapter is named and described after the environment it really trained on
+        names = {k: (v.get("trained_on") or {}).get("name", k) for k, v in trained.items()}
+        manifest = out / "manifest.json"
+        if manifest.is_file() and json.loads(manifest.read_text())["adapters"] == list(names.values()):
+            return {"composition": str(out), "gates_untrained": gates_untrained(out)}
         convs = []
-        for name in adapters:
+        for name in trained:
             tools = json.loads((self.train_dir(name) / "tools.json").read_text())
             for sub in ("grpo/rollouts", "heldout_after"):
                 convs += [(t.messages, tools) for t in TrajectoryStore(self.train_dir(name) / sub).all() if t.passed]
         model, tok = self.comps.load_base()
-        caps = [{"name": n, "description": self.cap(s, n)["description"]} if any(c["name"] == n for c in s["capabilities"])
-                else {"name": n, "description": n} for n in adapters]
+        caps = [{"name": names[n], "description": (v.get("trained_on") or {}).get("description", n)}
+                for n, v in trained.items()]
         c = self.cfg.compose
-        compose(model, tok, {n: v["adapter"] for n, v in adapters.items()}, caps, convs, out, epochs=c.epochs,
+        compose(model, tok, {names[n]: v["adapter"] for n, v in trained.items()}, caps, convs, out, epochs=c.epochs,
                 lr=c.lr, weight_decay=c.weight_decay, lb_weight=c.lb_weight)
-        return {"composition": str(out)}
+        if gates_untrained(out):
+            self.log("compose: GATES UNTRAINED: no successful rollout to train the gates on; "
+                     "the moe row routes every token to the base")
+        return {"composition": str(out), "gates_untrained": gates_untrained(out)}
 
     def _composition(self):
         from trace_rl.training.compose import load
@@ -393,34 +434,42 @@ class Pipeline:
         bench, cfg = self.comps.benchmark, self.cfg
         ids = [t.id for t in bench.tasks(cfg.eval_split)]
         ids = ids[:cfg.eval_tasks] if cfg.eval_tasks else ids
+        trials = cfg.eval_trials or cfg.trials
         results: dict = {}
         series = {}
+        notes = row_notes(s)
         if s.get("composition"):
             comp = self._composition()
             unknown = set(cfg.eval_modes or []) - set(comp.modes)
             if unknown:
                 raise ValueError(f"eval_modes: {sorted(unknown)} are not modes of this composition ({comp.modes})")
             policies = {m: comp.policy(m) for m in comp.modes if not cfg.eval_modes or m in cfg.eval_modes}
-        else:  # nothing was trained: the base alone
+            skipped = {"moe": notes["moe"]} if s.get("gates_untrained") and "moe" in policies else {}
+            policies = {m: p for m, p in policies.items() if m not in skipped}  # moe = base: not measured twice
+        else:  # nothing was trained: the base alone, and the rows that could not exist say why
             policies = {"base": self.comps.agent}
+            skipped = {m: notes[m] for m in ("router", "moe")}
         for mode, policy in policies.items():
-            trajs = rollout(bench, policy, ids, TrajectoryStore(self.it(s) / "eval" / mode), trials=cfg.trials,
+            n = cfg.eval_mode_tasks.get(mode)
+            trajs = rollout(bench, policy, ids[:n] if n else ids, TrajectoryStore(self.it(s) / "eval" / mode), trials=trials,
                             split=cfg.eval_split)
             series[mode] = summarize(trajs)
-            results[mode] = next(iter(series[mode].values()))
+            results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name}
+        results.update({m: {"skipped": why} for m, why in skipped.items()})
         plot_pass_rates(series, self.it(s) / "eval" / "report.png", f"{bench.name} [{cfg.eval_split}]: base vs composed")
         atomic_write_json(self.it(s) / "eval" / "report.json", {"benchmark": bench.name, "split": cfg.eval_split,
-                                                                "tasks": ids, "modes": results})
+                                                                "tasks": ids, "trials": trials, "modes": results})
         return {"results": results}
 
     def report(self, s: State) -> dict:
         report = {"run_dir": str(self.dir), "benchmark": self.cfg.benchmark, "iteration": s.get("iteration", 0),
                   "rollouts": s.get("rollout_figures"),
                   "capabilities": [{k: c.get(k) for k in ("name", "description", "cov_mean", "delta_mean", "runs_passed",
-                                                          "n_runs", "kept", "below_threshold", "status")}
+                                                          "n_runs", "kept", "below_threshold", "status", "reason")}
                                    for c in s.get("capabilities") or []],
-                  "environments": s.get("envs"), "adapters": s.get("adapters"), "composition": s.get("composition"),
-                  "evaluation": s.get("results"), "timings": s.get("timings")}
+                  "analysis": s.get("analysis"), "environments": s.get("envs"), "adapters": s.get("adapters"),
+                  "composition": s.get("composition"), "gates_untrained": s.get("gates_untrained"),
+                  "evaluation": s.get("results"), "stages": stage_summary(s), "timings": s.get("timings")}
         atomic_write_json(self.dir / "report.json", report)
         (self.dir / "report.md").write_text(render_markdown(report))
         return {}
@@ -461,7 +510,7 @@ class Pipeline:
         g.add_edge("rollout", "analyse")
         g.add_edge("analyse", "select")
         g.add_edge("select", "next_capability")
-        g.add_conditional_edges("next_capability", self._after_next, ["build", "compose", "report"])
+        g.add_conditional_edges("next_capability", self._after_next, ["build", "compose"])
         g.add_edge("build", "verify")
         g.add_conditional_edges("verify", self._after_verify, ["build", "approve_env", "next_capability"])
         g.add_conditional_edges("approve_env", lambda s: "train" if s["envs"][s["current"]].get("approved")
@@ -474,9 +523,9 @@ class Pipeline:
         return g
 
     def _after_next(self, s: State) -> str:
-        if s.get("current"):
-            return "build"
-        return "compose" if any(v.get("adapter") for v in (s.get("adapters") or {}).values()) else "report"
+        """Build the next capability, or go on to compose (which skips, saying so, when nothing
+        was trained) and evaluate: the base row is measured even when no adapter exists."""
+        return "build" if s.get("current") else "compose"
 
     def _after_verify(self, s: State) -> str:
         env = (s.get("envs") or {}).get(s["current"])
@@ -498,24 +547,84 @@ class Pipeline:
         return node
 
 
+def row_notes(s: dict) -> dict[str, str]:
+    """Why an evaluation row is not a result of its own: {mode: note}."""
+    adapters = s.get("adapters") or {}
+    untrained = [k for k, v in adapters.items() if v.get("untrained")]
+    notes = {}
+    if not s.get("composition"):
+        why = (f"no trained adapter ({', '.join(untrained)}: weights never changed)" if untrained
+               else "no adapter was trained")
+        notes.update({"moe": f"moe = base: {why}", "router": f"router = base: {why}"})
+    elif s.get("gates_untrained"):
+        notes["moe"] = "moe = base: gates untrained (0 successful rollouts to train them on)"
+    for k, v in adapters.items():
+        if v.get("substitute"):
+            name = (v.get("trained_on") or {}).get("name", k)
+            notes[name] = f"trained on a substitute: {v['substitute']}"
+    return notes
+
+
+STAGE_NODES = {"synthesise": ["build", "verify", "approve_env"], "train": ["heldout_before", "grpo", "heldout_after"],
+               "analyse": ["analyse", "select"]}  # graph nodes whose wall time a stage row sums
+
+
+def stage_summary(s: dict) -> list[dict]:
+    """What each stage produced, substituted or skipped, in words: the report's first table."""
+    rows = []
+    figs = (s.get("rollout_figures") or [{}])[-1]
+    if figs:
+        rows.append({"stage": "rollout", "outcome": "produced",
+                     "detail": f"{figs['episodes']} episodes of {figs['model']}, {figs['passed']} passed"})
+    caps = s.get("capabilities") or []
+    an = s.get("analysis") or {}
+    runs = an.get("labelling_runs") or []
+    unl = ", ".join(f"{r['unlabelled']}/{r['pairs']}" + ("" if r["reliable"] else " unreliable") for r in runs)
+    kept = [c["name"] for c in caps if c.get("kept")]
+    forced = [c["name"] for c in caps if c.get("below_threshold")]
+    if caps:
+        rows.append({"stage": "analyse", "outcome": "produced" if kept else "substituted" if forced else "nothing kept",
+                     "detail": f"{len(caps)} candidates, kept: {', '.join(kept) or 'none'}"
+                               + (f"; trained below threshold (train_unkept): {', '.join(forced)}" if forced else "")
+                               + (f"; unlabelled pairs per run: {unl}" if unl else "")})
+    for name, e in (s.get("envs") or {}).items():
+        outcome = "substituted" if e.get("substitute") else "produced" if e["status"] == "verified" else e["status"]
+        rows.append({"stage": "synthesise", "outcome": outcome, "detail": f"{name}: " + (
+            e.get("substitute") or e.get("reason") or f"{e['status']} after {e.get('rounds')} builder round(s)")})
+    for name, a in (s.get("adapters") or {}).items():
+        if "steps" not in a:
+            continue
+        held = (f", held-out success {a['before']['success']:.0%} → {a['after']['success']:.0%}" if "after" in a else "")
+        rows.append({"stage": "train", "outcome": "untrained" if a.get("untrained") else "produced",
+                     "detail": f"{(a.get('trained_on') or {}).get('name', name)}: {a['steps']} GRPO steps"
+                               + (" (weights never changed)" if a.get("untrained") else "") + held})
+    if s.get("results") is not None:
+        rows.append({"stage": "compose", "outcome": "skipped" if not s.get("composition") else
+                     "gates untrained" if s.get("gates_untrained") else "produced",
+                     "detail": row_notes(s).get("moe", s.get("composition") or "")})
+    return rows
+
+
 def render_markdown(r: dict) -> str:
-    lines = [f"# trace-rl run: {r['benchmark']}", ""]
-    for f in r.get("rollouts") or []:
-        lines.append(f"- rollouts (iteration {f['iteration']}, {f['model']}): {f['passed']}/{f['episodes']} passed")
-    lines += ["", "## Capabilities", "", "| capability | Cov | Δ | runs passed | kept | status |", "|---|---|---|---|---|---|"]
+    lines = [f"# trace-rl run: {r['benchmark']}", "", "## What each stage produced", "",
+             "| stage | outcome | detail |", "|---|---|---|"]
+    lines += [f"| {x['stage']} | {x['outcome']} | {x['detail']} |" for x in r.get("stages") or []]
+    lines += ["", "## Capabilities", "", "| capability | Cov | Δ | runs passed | kept | status | why not |",
+              "|---|---|---|---|---|---|---|"]
     for c in r.get("capabilities") or []:
         kept = "yes" if c["kept"] else "no (trained anyway: train_unkept)" if c.get("below_threshold") else "no"
         lines.append(f"| {c['name']} | {c['cov_mean']:.2f} | {c['delta_mean']:+.2f} | {c['runs_passed']}/{c['n_runs']} | "
-                     f"{kept} | {c['status']} |")
-    lines += ["", "## Environments and adapters", ""]
-    for name, e in (r.get("environments") or {}).items():
-        a = (r.get("adapters") or {}).get(name, {})
-        held = f"held-out success {a['before']['success']:.0%} → {a['after']['success']:.0%}" if "after" in a else ""
-        lines.append(f"- {name}: {e['status']} ({e.get('source')}, {e.get('rounds')} builder round(s)) {held}")
+                     f"{kept} | {c['status']} | {c.get('reason') or ''} |")
     if r.get("evaluation"):
-        lines += ["", "## Evaluation", "", "| mode | pass@1 | passed | mean reward |", "|---|---|---|---|"]
+        lines += ["", "## Evaluation", "", "| mode | tasks × trials | pass@1 | passed | mean reward | note |",
+                  "|---|---|---|---|---|---|"]
         for mode, g in r["evaluation"].items():
-            lines.append(f"| {mode} | {g['pass@1']:.1%} | {g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} |")
+            if "skipped" in g:
+                lines.append(f"| {mode} | – | – | – | – | not evaluated: {g['skipped']} |")
+                continue
+            note = row_notes({k: r.get(k) for k in ("adapters", "composition", "gates_untrained")}).get(mode, "")
+            lines.append(f"| {mode} | {g['tasks']} × {g.get('trials', 1)} | {g['pass@1']:.1%} | "
+                         f"{g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} | {note} |")
     lines += ["", "## Wall time per stage (s)", ""] + [f"- {k}: {v:.0f}" for k, v in (r.get("timings") or {}).items()]
     return "\n".join(lines) + "\n"
 
@@ -577,6 +686,64 @@ def load_saved_config(run_dir: Path) -> RunConfig:
     return RunConfig.model_validate(json.loads(p.read_text()))
 
 
+# where each stage keeps its output in the run directory (iteration folders: the first iteration's)
+STAGE_OUTPUTS = {"rollout": ["iter_0/rollouts"], "analyse": ["iter_0/analysis"], "synthesise": ["envs"],
+                 "train": ["train"], "compose": ["composition"], "evaluate": ["iter_0/eval"]}
+DECISION_STAGE = {"capabilities@": "analyse", "env:": "synthesise"}  # an approval belongs to what it judged
+
+
+def saved_fingerprints(run_dir: Path) -> dict:
+    """Fingerprints of the config a run directory was made with ({} when unknown: all stale)."""
+    from trace_rl.graph.config import stage_fingerprints
+
+    try:
+        return stage_fingerprints(load_saved_config(run_dir))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
+    """A run directory re-entered with a changed config: the first stage whose fingerprint
+    changed and every stage after it are re-run. Their outputs (and the graph checkpoint,
+    whose state holds their results) move to RUN_DIR/stale/<time>/, never deleted; unchanged
+    stages replay from their on-disk caches without redoing work. Returns the stale stages."""
+    from trace_rl.graph.config import STAGE_FIELDS, stage_fingerprints
+
+    path, new = run_dir / "stages.json", stage_fingerprints(cfg)
+    if not (run_dir / "graph.sqlite").exists():
+        atomic_write_json(path, new)
+        return []
+    old = json.loads(path.read_text()) if path.is_file() else saved_fingerprints(run_dir)
+    stages = list(STAGE_FIELDS)
+    changed = [st for st in stages if old.get(st) != new[st]]
+    if not changed:
+        return []
+    stale = stages[stages.index(changed[0]):]
+    saved = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
+    now = cfg.model_dump(mode="json")
+    fields = [f for f in STAGE_FIELDS[changed[0]] if saved.get(f) != now.get(f)]
+    archive = run_dir / "stale" / time.strftime("%Y%m%d-%H%M%S")
+    archive.mkdir(parents=True, exist_ok=True)
+    moved = [p for st in stale for p in STAGE_OUTPUTS[st]] + [
+        p.name for p in run_dir.glob("iter_*") if p.name != "iter_0"] + [
+        "graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm", "report.json", "report.md", "pending.json"]
+    for rel in moved:
+        src = run_dir / rel
+        if src.exists():
+            (archive / rel).parent.mkdir(parents=True, exist_ok=True)
+            src.rename(archive / rel)
+    decisions = read_decisions(run_dir)
+    if decisions:
+        atomic_write_json(archive / "approvals.json", decisions)
+        keep = {k: v for k, v in decisions.items()
+                if not any(k.startswith(p) and st in stale for p, st in DECISION_STAGE.items())}
+        atomic_write_json(decisions_path(run_dir), keep)
+    atomic_write_json(path, new)
+    log(f"config changed ({', '.join(fields) or changed[0] + ' inputs'}): re-running {', '.join(stale)}; "
+        f"their earlier outputs moved to {archive}")
+    return stale
+
+
 def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
           log=print) -> dict:
     """Run (or resume) the graph until it ends or needs a decision nobody has given.
@@ -586,10 +753,11 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     approvals.json, serving the web page if `web_port` is set) instead of returning."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    stale = retire_stale_stages(run_dir, cfg, log)
     pipe, app = compiled(run_dir, cfg, log)
     started = app.get_state(THREAD).values
-    inp: Any = None if (resume or started) else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
-    if not started:
+    inp: Any = None if started else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
+    if not started or stale:
         save_config(run_dir, cfg)  # `resume`, `approve` and `status` need only the run directory
     server = None
     try:

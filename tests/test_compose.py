@@ -1,4 +1,5 @@
 """Composition on tiny models: adapters from disk, the four modes, the router, gate data, artefact."""
+import pytest
 import torch
 
 from tiny import LetterEpisode, tiny_model, tiny_tokenizer
@@ -88,3 +89,60 @@ def test_compose_trains_gates_and_round_trips(tmp_path):
     again.moe.force(None)
     with torch.no_grad():
         torch.testing.assert_close(again.moe(input_ids=ids).logits, moe(input_ids=ids).logits)
+
+
+def test_adapter_changed_tells_a_fresh_adapter_from_a_trained_one(tmp_path):
+    """peft starts LoRA B at zero: an adapter saved untouched is exactly the base model."""
+    from peft import LoraConfig, get_peft_model
+
+    from trace_rl.training.grpo import adapter_changed
+
+    tok = tiny_tokenizer()
+    get_peft_model(tiny_model(tok), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS)).save_pretrained(tmp_path / "fresh")
+    saved_adapter(tok, tmp_path / "trained", 3)
+    assert not adapter_changed(tmp_path / "fresh") and adapter_changed(tmp_path / "trained")
+
+
+def test_a_composition_without_gate_examples_is_marked(tmp_path):
+    from trace_rl.graph.pipeline import gates_untrained
+
+    tok = tiny_tokenizer()
+    saved_adapter(tok, tmp_path / "a", 1)
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [], tmp_path / "c")
+    assert gates_untrained(tmp_path / "c")
+
+
+ROUTER_CAPS = [
+    {"name": "flight_cancellation_rules",
+     "description": "Decides whether an airline reservation may be cancelled and refunded under the airline's rules."},
+    {"name": "mobile_data_troubleshooting",
+     "description": "Fixes a phone whose mobile data or internet does not work (airplane mode, data saver, roaming)."},
+]
+ROUTER_TASKS = [  # (first user message, the right option: 1 = flights, 2 = phone)
+    ("I need to cancel my flight reservation ABC123 and get my money back.", 1),
+    ("Can I cancel the trip I booked yesterday from Boston to Denver? I want a refund.", 1),
+    ("My phone says no internet. Mobile data is not working since this morning.", 2),
+    ("I'm abroad and my cell phone has no data connection at all, please help me fix it.", 2),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_classifier_router_picks_the_planted_adapter_with_the_embedded_model():
+    """The per-task router baseline reads the capability descriptions with the embedded 1.5B
+    (shipped prompt) and must pick the right adapter, not just a slot. (The 0.5B cannot: its
+    letter scores barely depend on the task, so it is at chance even with the order averaged.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_rl.training.compose import ClassifierRouter
+    from trace_rl.training.models import hf_checkpoint
+
+    path = hf_checkpoint("qwen2.5-coder-1.5b")
+    model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    module = "model.layers.0.self_attn.q_proj"
+    dim = model.config.hidden_size
+    adapters = [Adapter(c["name"], {module: (torch.zeros(2, dim), torch.zeros(dim, 2))}, 1.0) for c in ROUTER_CAPS]
+    router = ClassifierRouter(LoRAMoE(model, adapters), tok, ROUTER_CAPS)
+    chosen = [router.choose([{"role": "system", "content": "You are a customer service agent."},
+                             {"role": "user", "content": text}]) for text, _ in ROUTER_TASKS]
+    assert chosen == [right for _, right in ROUTER_TASKS], chosen

@@ -23,7 +23,7 @@ def summary(state: dict) -> dict:
             "adapters": {k: {"steps": v.get("steps"), "before": v["before"]["episodes"], "after": v["after"]["episodes"]}
                          for k, v in state["adapters"].items()},
             "capabilities": [(c["name"], c["kept"], c["status"]) for c in state["capabilities"]],
-            "results": {m: (r["passed"], r["episodes"]) for m, r in (state.get("results") or {}).items()},
+            "results": {m: (r.get("passed"), r.get("episodes"), r.get("skipped")) for m, r in (state.get("results") or {}).items()},
             "composition": bool(state.get("composition")), "selected": state.get("selected")}
 
 
@@ -184,3 +184,84 @@ def test_train_unkept_takes_the_best_candidate_only_when_asked(tmp_path, sandbox
     assert best["name"] == "lookup_before_answering" and not best["kept"] and best["below_threshold"]
     assert list(st["adapters"]) == ["lookup_before_answering"]
     assert "no (trained anyway: train_unkept)" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_an_untrained_adapter_is_left_out_and_the_table_says_so(tmp_path, sandbox_image, monkeypatch):
+    """GRPO that never moved the weights: the adapter is `untrained`, nothing is composed, and
+    the final table has the base row plus rows that say why they are not results."""
+    import trace_rl.graph.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "adapter_changed", lambda path: False)
+    st = drive(tmp_path, config(), resume=False, log=lambda *a: None)["state"]
+    assert st["adapters"]["lookup_before_answering"]["untrained"] and not st.get("composition")
+    assert st["results"]["base"]["episodes"] == 2 * 2 and st["results"]["base"]["trials"] == 2  # 2 test tasks x 2
+    assert st["results"]["moe"]["skipped"].startswith("moe = base: no trained adapter")
+    md = (tmp_path / "report.md").read_text()
+    assert "| train | untrained |" in md and "not evaluated: moe = base" in md and "| base | 2 × 2 |" in md
+    assert "| compose | skipped |" in md
+
+
+def library_env(doc: str) -> str:
+    """The doubles' sound env under another docstring (what library matching reads)."""
+    import graph_doubles
+
+    return f'"""Reference environment: {doc}."""\n' + graph_doubles.ENV.split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("matching", [True, False])
+def test_a_library_substitute_is_marked_everywhere_or_refused(tmp_path, sandbox_image, monkeypatch, matching):
+    import graph_doubles
+    import trace_rl.agents.env_builder as env_builder
+
+    lib = tmp_path / ("facts_lookup_cities.py" if matching else "multilingual_poetry_generation_cities.py")
+    lib.write_text(library_env("facts lookup. Looks the facts up with the tools before answering" if matching
+                               else "writes sonnets in French"))
+    monkeypatch.setattr(env_builder, "library", lambda: {lib.stem: lib})
+    monkeypatch.setattr(graph_doubles, "builder_script",  # every round breaks the reward
+                        lambda: lambda messages, tools: f"```python\n{graph_doubles.BROKEN_ENV}```")
+    st = drive(tmp_path / "run", config(build_rounds=1, library_fallback=True), resume=False, log=lambda *a: None)["state"]
+    env = st["envs"]["lookup_before_answering"]
+    md = (tmp_path / "run" / "report.md").read_text()
+    if not matching:
+        assert env["status"] == "needs_human" and "no library environment matches" in env["reason"]
+        assert not st.get("adapters") and "| synthesise | needs_human |" in md
+        return
+    assert env["source"] == "library:facts_lookup" and "facts_lookup" in env["substitute"]
+    assert st["adapters"]["lookup_before_answering"]["trained_on"]["name"] == "facts_lookup"
+    manifest = json.loads((tmp_path / "run" / "composition" / "manifest.json").read_text())
+    assert manifest["adapters"] == ["facts_lookup"]  # named after what it trained on; the router reads that
+    assert "facts" in manifest["capabilities"][0]["description"]
+    assert "| synthesise | substituted |" in md and "trained on a substitute" in md
+
+
+def test_a_changed_config_reruns_that_stage_and_everything_after(tmp_path, reference):
+    ref_run, _ = reference
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ref_run, run)
+    calls_before = (run / "calls.log").read_text()
+    os.environ["TRACE_RL_CALL_LOG"] = str(run / "calls.log")
+    logged = []
+    try:
+        grpo = {**config().grpo.model_dump(), "steps": 3}
+        st = drive(run, config(grpo=grpo), resume=False, log=logged.append)["state"]
+    finally:
+        del os.environ["TRACE_RL_CALL_LOG"]
+    assert any("config changed (grpo): re-running train, compose, evaluate" in m for m in logged), logged
+    assert st["adapters"]["lookup_before_answering"]["steps"] == 3
+    calls = Counter((run / "calls.log").read_text().split()) - Counter(calls_before.split())
+    assert calls["analyst"] == 0 and calls["builder"] == 0 and calls["reviewer"] == 0  # unchanged stages: reused
+    stale = list((run / "stale").iterdir())
+    assert len(stale) == 1 and (stale[0] / "train").is_dir() and (stale[0] / "composition").is_dir()
+    assert not (stale[0] / "envs").exists()  # synthesis was not stale
+    again = []
+    drive(run, config(grpo=grpo), resume=True, log=again.append)
+    assert not any("config changed" in m for m in again)
+
+
+def test_trials_without_sampling_are_refused():
+    with pytest.raises(ConfigError, match="agent.temperature"):
+        load_config(overrides={"trials": 2, "agent": {"temperature": 0}})
+    assert load_config(preset="demo").trials >= 2 and load_config(preset="paper").trials >= 2
+    assert load_config(preset="demo").verify.calibration_gate  # the method's gate, the demo included

@@ -8,9 +8,9 @@ from trace_rl.training.moe import Adapter, LoRAMoE
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def tiny_base(seed=0, init=0.02):
+def tiny_base(seed=0, init=0.02, hidden=32):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = Qwen2Config(vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                       initializer_range=init)
     return Qwen2ForCausalLM(cfg).eval()
@@ -76,6 +76,7 @@ def test_only_gates_train_and_artefact_round_trips(setup, tmp_path):
 # ---------------------------------------------------------------- gate training learns to route
 ALL_LINEAR = TARGETS + ["gate_proj", "up_proj", "down_proj"]
 WIDE = 0.2  # init std: a 0.02 tiny model's logits span about ±0.6, too flat for any adapter to matter
+HIDDEN = 256  # at 32 wide, the method's lr 5e-4 moves a gate too little in 120 steps to leave the base slot
 SPAN = 10  # tokens per skill: few enough that even layer 0 (raw embeddings) can separate them linearly
 
 
@@ -93,7 +94,7 @@ def skill_batch(skill: int, n: int, gen, pairs: int = 6):
 def train_skill_adapter(skill: int, steps: int = 60):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(tiny_base(init=WIDE), LoraConfig(r=4, lora_alpha=8, target_modules=ALL_LINEAR,
+    model = get_peft_model(tiny_base(init=WIDE, hidden=HIDDEN), LoraConfig(r=4, lora_alpha=8, target_modules=ALL_LINEAR,
                                                             lora_dropout=0.0), adapter_name=f"skill{skill}")
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     gen = torch.Generator().manual_seed(skill)
@@ -111,7 +112,7 @@ def test_gate_training_learns_to_route_two_skills():
     from trace_rl.training.moe import train_gates
 
     adapters = [train_skill_adapter(1), train_skill_adapter(2)]
-    moe = LoRAMoE(tiny_base(init=WIDE), adapters)
+    moe = LoRAMoE(tiny_base(init=WIDE, hidden=HIDDEN), adapters)
     gen = torch.Generator().manual_seed(7)
     mixed = [{k: torch.cat([a[k], b[k]]) for k in a} for a, b in
              ((skill_batch(1, 16, gen), skill_batch(2, 16, gen)) for _ in range(40))]
@@ -133,7 +134,10 @@ def test_gate_training_learns_to_route_two_skills():
     base = {k: evaluate(k, 0)[0] for k in (1, 2)}
     own = {k: evaluate(k, k)[0] for k in (1, 2)}
     other = {k: evaluate(k, 3 - k)[0] for k in (1, 2)}
-    losses = train_gates(moe, mixed, epochs=10, lr=1e-2)
+    from trace_rl.graph.config import ComposeSettings
+
+    c = ComposeSettings()  # the shipped defaults (TRACE §5: lr 5e-4, wd 0.01, 3 epochs, λ_LB 1e-3)
+    losses = train_gates(moe, mixed, epochs=c.epochs, lr=c.lr, weight_decay=c.weight_decay, lb_weight=c.lb_weight)
     learned = {k: evaluate(k) for k in (1, 2)}
     precision = sum(v[1] for v in learned.values()) / 2
     coverage = sum(v[2] for v in learned.values()) / 2

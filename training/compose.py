@@ -33,7 +33,11 @@ def task_text(messages: list[dict], budget: int = 1500) -> str:
 
 
 class ClassifierRouter:
-    """Top-1 per conversation: the option letter the base model scores highest next."""
+    """Top-1 per conversation: the option the base model scores highest as the next letter.
+
+    Small models favour a letter whatever the task (the embedded 0.5B answers "B" to
+    everything), so the capabilities are shown in every cyclic order and each one's
+    log-probability is averaged over the positions it took (base stays option A)."""
 
     def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict]):
         if len(capabilities) + 1 > len(LETTERS):
@@ -41,21 +45,35 @@ class ClassifierRouter:
         self.moe, self.tok, self.caps = moe, tokenizer, capabilities
         self.letter_ids = [encode(tokenizer, LETTERS[i])[0] for i in range(len(capabilities) + 1)]
 
-    def prompt(self, messages: list[dict]) -> str:
+    def prompt(self, messages: list[dict], order: list[int] | None = None) -> str:
+        order = list(range(len(self.caps))) if order is None else order
         options = ["A) base: none of the capabilities below is needed"] + [
-            f"{LETTERS[i + 1]}) {c['name']}: {c['description']}" for i, c in enumerate(self.caps)]
+            f"{LETTERS[pos + 1]}) {self.caps[i]['name']}: {self.caps[i]['description']}" for pos, i in enumerate(order)]
         text = prompts.load("router", task=task_text(messages), options="\n".join(options))
         return render(self.tok, [{"role": "user", "content": text}], add_generation_prompt=True)
 
-    def choose(self, messages: list[dict]) -> int:
-        """0 = base, k = adapter k. Scored with every token on the base (slot 0)."""
+    def scores(self, messages: list[dict]) -> list[float]:
+        """Mean log-probability per slot (0 = base, k = adapter k), over the cyclic orders."""
         import torch
 
-        ids = torch.tensor([encode(self.tok, self.prompt(messages))], device=next(self.moe.parameters()).device)
-        self.moe.force(0)
-        with torch.no_grad():
-            logits = self.moe(input_ids=ids).logits[0, -1]
-        return int(torch.argmax(logits[self.letter_ids]))
+        n = len(self.caps)
+        total = torch.zeros(n + 1)
+        device = next(self.moe.parameters()).device
+        self.moe.force(0)  # scored on the base model alone
+        for shift in range(max(1, n)):
+            order = [(i + shift) % n for i in range(n)]
+            ids = torch.tensor([encode(self.tok, self.prompt(messages, order))], device=device)
+            with torch.no_grad():
+                logp = torch.log_softmax(self.moe(input_ids=ids).logits[0, -1][self.letter_ids].float(), -1).cpu()
+            total[0] += logp[0]
+            for pos, i in enumerate(order):
+                total[i + 1] += logp[pos + 1]
+        return (total / max(1, n)).tolist()
+
+    def choose(self, messages: list[dict]) -> int:
+        """0 = base, k = adapter k."""
+        s = self.scores(messages)
+        return max(range(len(s)), key=s.__getitem__)
 
 
 class Composition:

@@ -381,6 +381,21 @@ class CapabilityGRPO:
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 
 
+def adapter_changed(adapter_dir: str | Path) -> bool:
+    """Did training move the adapter? peft starts every LoRA B at zero, so an adapter whose B
+    matrices are all still zero is exactly the base model (GRPO had no signal in any step)."""
+    from safetensors.torch import load_file
+
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no saved adapter to inspect")
+    weights = load_file(str(path))
+    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    if not lora_b:
+        raise ValueError(f"{path}: no lora_B weights; not a LoRA adapter")
+    return any(bool(t.abs().max() > 0) for t in lora_b)
+
+
 def plot_curve(log: list[dict], path: Path, title: str) -> None:
     """Reward, success, KL and episode length per step."""
     import matplotlib
