@@ -88,13 +88,23 @@ def page(run_dir: Path, message: str = "") -> str:
             f"</head><body><h1>trace-rl: {_e(Path(run_dir).name)}</h1>{body}</body></html>")
 
 
+class BadDecision(ValueError):
+    """A form naming something that is not pending: answered 400, nothing recorded."""
+
+
 def decision_from_form(item: dict, form: dict[str, list[str]]) -> dict:
     reason = (form.get("reason") or [""])[0]
     if item["kind"] == "capabilities":
         approve = form.get("approve", [])
+        unknown = sorted(set(approve) - {c["name"] for c in item["items"]})
+        if unknown:
+            raise BadDecision(f"not pending: {', '.join(unknown)}")
         return {"approve": approve, "reject": {c["name"]: reason or "rejected on the web page"
                                                for c in item["items"] if c["name"] not in approve}, "by": "web"}
-    return {"action": (form.get("action") or ["reject"])[0], "reason": reason, "by": "web"}
+    action = (form.get("action") or [""])[0]
+    if action not in ("approve", "reject"):
+        raise BadDecision(f"action must be approve or reject, got {action!r}")
+    return {"action": action, "reason": reason, "by": "web"}
 
 
 def serve(run_dir: str | Path, port: int = 0) -> ThreadingHTTPServer:
@@ -132,7 +142,11 @@ def serve(run_dir: str | Path, port: int = 0) -> ThreadingHTTPServer:
             item = pending_item(run_dir)
             if item is None or (form.get("id") or [""])[0] != item["id"]:
                 return self._send(409, b"that item is no longer pending", "text/plain")
-            record_decision(run_dir, item["id"], decision_from_form(item, form))
+            try:
+                decision = decision_from_form(item, form)
+            except BadDecision as err:
+                return self._send(400, str(err).encode(), "text/plain")
+            record_decision(run_dir, item["id"], decision)
             self.send_response(303)
             self.send_header("Location", "/?msg=Decision+recorded%3B+the+run+continues.")
             self.end_headers()

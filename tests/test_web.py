@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -73,3 +74,22 @@ def test_environment_approved_in_the_browser_and_the_run_continues(tmp_path, san
     decisions = json.loads((tmp_path / "approvals.json").read_text())
     assert decisions["env:lookup_before_answering@0"]["action"] == "approve"
     assert decisions["env:lookup_before_answering@0"]["by"] == "web"
+
+
+@pytest.mark.parametrize("form", ["id=capabilities%400&approve=no_such_capability",
+                                  "id=env%3Ax%400&action=delete"])
+def test_a_decision_naming_nothing_pending_is_400_and_not_recorded(tmp_path, form):
+    from trace_rl.graph.web import serve
+
+    item = ({"id": "capabilities@0", "kind": "capabilities", "title": "t", "items": [{"name": "real_capability_x"}]}
+            if form.startswith("id=capabilities") else {"id": "env:x@0", "kind": "environment", "title": "t"})
+    (tmp_path / "pending.json").write_text(json.dumps(item))
+    server = serve(tmp_path, 0)
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/", data=form.encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 400
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "approvals.json").exists()
