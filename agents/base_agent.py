@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from trace_rl.evals.benchmark import Episode
+from trace_rl.evals.benchmark import Episode, Score
 
 
 class Policy(Protocol):
@@ -59,6 +59,14 @@ def _is_context_error(err: Exception) -> bool:
                                    "exceeds the context", "n_ctx"))
 
 
+def _error_kind(error: str) -> str | None:
+    """The sandbox's error kind ("[timeout] ...") when the error came from a session."""
+    import re
+
+    m = re.search(r"\[(timeout|crashed|oom|protocol|output_limit|env_error|episode_timeout|contract)\]", error)
+    return m.group(1) if m else None
+
+
 def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: str, trial: int = 0,
                 split: str = "", max_steps: int | None = None, **chat_kw) -> Trajectory:
     """Roll out one episode to the end and score it."""
@@ -71,10 +79,15 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
     try:
         obs = episode.reset()
     except Exception as err:  # e.g. the user simulator failed on its first turn
-        episode.close()
+        try:
+            episode.close()
+        except Exception:
+            pass
+        text = f"{type(err).__name__}: {err}"[:2000]
         return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name,
                           messages=[], reward=0.0, passed=False, termination="env_error",
-                          reasons={"error": f"{type(err).__name__}: {err}"[:2000]}, seconds=time.perf_counter() - t0,
+                          reasons={"error": text, **({"error_kind": k} if (k := _error_kind(text)) else {})},
+                          seconds=time.perf_counter() - t0,
                           started_at=started, split=split, **stats)
     messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
     termination = obs.reason if obs.done else None
@@ -104,11 +117,22 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         messages.extend(obs.messages)
         if obs.done:
             termination = obs.reason or "agent_stop"
-    score = episode.score(termination)
-    episode.close()
+    try:
+        score = episode.score(termination)
+    except Exception as err:  # a dead or misbehaving environment cannot score: 0, recorded with its kind
+        termination, error = "env_error", error or f"{type(err).__name__}: {err}"[:2000]
+        score = Score(0.0, False, {"termination": termination, "score_error": f"{type(err).__name__}: {err}"[:2000]})
+    finally:
+        try:
+            episode.close()
+        except Exception:  # closing must not turn a recorded episode into a crash
+            pass
     reasons = dict(score.reasons)
     if error:
         reasons["error"] = error
+        kind = _error_kind(error)
+        if kind:
+            reasons["error_kind"] = kind
     return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=messages,
                       reward=score.reward, passed=score.passed, termination=termination, reasons=reasons,
                       seconds=time.perf_counter() - t0, started_at=started, split=split, **stats)

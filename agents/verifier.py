@@ -18,32 +18,42 @@ from dataclasses import asdict, dataclass, field
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
+from trace_rl.sandbox import contract
 from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
 
 
 class VerifyConfig(BaseModel):
-    seeds: int = Field(40, ge=4, description="seeds for solver / trivial-policy checks")
-    determinism_seeds: int = Field(5, ge=1)
-    solver_min_reward: float = 0.99
-    solver_min_fraction: float = 0.95
-    trivial_max_mean: float = 0.2
-    min_distinct_fraction: float = Field(0.5, description="share of seeds giving a distinct first message")
-    max_tools: int = 8
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
+    seeds: int = Field(40, ge=4, le=10_000, description="seeds for solver / trivial-policy checks")
+    determinism_seeds: int = Field(5, ge=1, le=1000)
+    solver_min_reward: float = Field(0.99, ge=0, le=1)
+    solver_min_fraction: float = Field(0.95, ge=0, le=1)
+    trivial_max_mean: float = Field(0.2, ge=0, le=1)
+    min_distinct_fraction: float = Field(0.5, ge=0, le=1, description="share of seeds giving a distinct first message")
+    max_tools: int = Field(8, ge=1, le=64)
     # calibration (TRACE §3)
-    calib_seeds: int = 100
-    calib_samples: int = 16
-    calib_temperature: float = 0.7
-    band: tuple[float, float] = (0.2, 0.6)
-    min_reward_std: float = 0.05
-    max_all_success_groups: float = 0.2
-    max_all_zero_groups: float = 0.2
-    max_constant_groups: float = 0.5
-    min_informative_groups: float = 0.5
+    calib_seeds: int = Field(100, ge=1, le=10_000)
+    calib_samples: int = Field(16, ge=2, le=256, description="episodes per seed (a group needs at least 2)")
+    calib_temperature: float = Field(0.7, ge=0, le=2)
+    band: tuple[float, float] = Field((0.2, 0.6), description="accepted mean reward / success rate: [low, high]")
+    min_reward_std: float = Field(0.05, ge=0, le=1)
+    max_all_success_groups: float = Field(0.2, ge=0, le=1)
+    max_all_zero_groups: float = Field(0.2, ge=0, le=1)
+    max_constant_groups: float = Field(0.5, ge=0, le=1)
+    min_informative_groups: float = Field(0.5, ge=0, le=1)
     calibration_gate: bool = Field(True, description="calibration outside the bounds fails verification (the method); "
                                                      "False records the figures as advisory only")
+
+    @field_validator("band")
+    @classmethod
+    def _band(cls, band):
+        lo, hi = band
+        if not 0 <= lo < hi <= 1:
+            raise ValueError(f"band must be [low, high] with 0 <= low < high <= 1, got {list(band)}")
+        return band
 
 
 @dataclass
@@ -82,19 +92,20 @@ class VerifierReport:
 
 # ---------------------------------------------------------------- scripted policies
 def run_actions(session: EnvSession, seed: int, policy) -> tuple[dict, list]:
-    """One episode with `policy(obs, turn, rng) -> action`; returns (reward dict, transcript)."""
+    """One episode with `policy(obs, turn, rng) -> action`; returns (reward dict, transcript).
+    Every result is checked against the contract on the host (sandbox/contract.py)."""
     session.new_episode()
-    obs = session.call("reset", seed)
+    obs = contract.reset(session, seed)
     rng = random.Random(seed * 7919 + 1)
     transcript = [{"role": "system", "content": obs["system_prompt"]}, *obs["messages"]]
     done, turn = False, 0
     while not done and turn < 50:
         action = policy(obs, turn, rng)
-        out = session.call("step", action)
+        out = contract.step(session, action)
         transcript.append({"role": "assistant", **action})
         transcript += out["messages"]
         done, turn = out["done"], turn + 1
-    return session.call("reward"), transcript
+    return contract.reward(session), transcript
 
 
 def do_nothing(obs, turn, rng):
@@ -116,7 +127,7 @@ def random_tools(obs, turn, rng):
         return {"content": "Done."}
     tool = rng.choice(obs["tools"])["function"]
     props = (tool.get("parameters") or {}).get("properties", {})
-    args = {k: rng.choice(["x", "1", "ABC123", "yes", "none"]) for k in props}
+    args = {k: rng.choice(["x", "1", "ABC123", "yes", "none"]) for k in props} if isinstance(props, dict) else {}
     return {"tool_calls": [{"id": f"r{turn}", "name": tool["name"], "arguments": args}]}
 
 
@@ -126,7 +137,7 @@ def solver(session: EnvSession):
 
     def policy(obs, turn, rng):
         if turn == 0:
-            actions[:] = session.call("solve")
+            actions[:] = contract.solve(session)
         return actions[turn] if turn < len(actions) else {"content": "Done."}
     return policy
 
@@ -152,81 +163,122 @@ def _schema_findings(tools: list[dict], target_tools: list[dict], cfg: VerifyCon
                    {"tools": [t.get("function", {}).get("name") for t in tools]})
 
 
+class GaveUp(Exception):
+    """Too many sessions died: the remaining checks are not run (a finding says so)."""
+
+
+class Probe:
+    """Runs the checks' episodes on a session, turning every misbehaviour of the module (an
+    exception, a hang, an exit, wrong types, a dead container) into a recorded failure with the
+    seed and the call; a dead session is replaced so the next seed still runs."""
+
+    def __init__(self, code: str, limits: SessionLimits, max_dead: int = 3):
+        self.code, self.limits, self.max_dead = code, limits, max_dead
+        self.failures: list[str] = []
+        self.dead = 0
+        self.session = self._new()
+
+    def _new(self) -> EnvSession:
+        s = EnvSession(self.limits)
+        s.load(self.code)
+        return s
+
+    def episode(self, seed: int, policy_name: str, policy_of) -> tuple[float, list]:
+        """(reward, transcript); a failed episode scores 0 and is recorded."""
+        try:
+            r, tr = run_actions(self.session, seed, policy_of(self.session))
+            return r["reward"], tr
+        except SandboxError as err:
+            self.failures.append(f"seed {seed} ({policy_name}): {str(err).splitlines()[0][:300]}")
+            if not self.session.alive:
+                self.dead += 1
+                self.session.close()
+                if self.dead >= self.max_dead:
+                    raise GaveUp(f"{self.dead} sessions died; the remaining checks were not run") from None
+                self.session = self._new()
+            return 0.0, []
+
+    def close(self) -> None:
+        self.session.close()
+
+
 def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = VerifyConfig(),
                      limits: SessionLimits = SessionLimits()) -> tuple[list[Finding], dict]:
-    """Run every automatic check in a sandbox; returns (findings, sample transcripts)."""
+    """Run every automatic check in a sandbox; returns (findings, sample transcripts).
+    Whatever the module does, the result is findings: nothing it does raises here."""
     findings: list[Finding] = []
     samples: dict = {}
-    with EnvSession(limits) as s:
+    try:
+        probe = Probe(code, limits)
+    except SandboxError as err:
+        return [Finding("contract", False, f"load: {str(err)[:1500]}")], samples
+    try:
         try:
-            s.load(code)
-            first = s.call("reset", 0)
-            assert isinstance(first, dict), "reset() must return a dict"
-            missing = {"system_prompt", "tools", "messages"} - set(first)
-            assert not missing, f"reset() result lacks {sorted(missing)}"
-            assert isinstance(first["tools"], list) and first["tools"], "tools must be a non-empty list"
-            assert first["messages"] and first["messages"][0].get("role") == "user", "messages must start with a user turn"
-            actions = s.call("solve")
-            assert isinstance(actions, list) and actions, "solve() must return a non-empty list of actions"
-        except (SandboxError, AssertionError) as err:
+            probe.session.new_episode()
+            first = contract.reset(probe.session, 0)
+            contract.solve(probe.session)
+        except SandboxError as err:
             return [Finding("contract", False, str(err)[:1500])], samples
         findings.append(Finding("contract", True, "loads; reset/step/reward/solve answer"))
         findings.append(_schema_findings(first["tools"], target_tools, cfg))
-
-        def episode(seed, policy):
-            try:
-                return run_actions(s, seed, policy)
-            except SandboxError as err:
-                if err.kind != "env_error":
-                    raise
-                return {"reward": 0.0, "error": str(err)[:300]}, []
-
-        # determinism: same seed -> same instance, same solver reward and transcript
-        nondet = []
-        for seed in range(cfg.determinism_seeds):
-            a = (s.call("reset", seed), episode(seed, solver(s)))
-            b = (s.call("reset", seed), episode(seed, solver(s)))
-            if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
-                nondet.append(seed)
-        findings.append(Finding("determinism", not nondet, f"seeds {nondet} differ between two runs" if nondet
-                                else f"{cfg.determinism_seeds} seeds reproduce exactly"))
-
-        seeds = list(range(cfg.seeds))
-        firsts = []
-        solved = []
-        for seed in seeds:
-            obs = s.call("reset", seed)  # the task may sit in the system prompt (tau2 solo mode)
-            firsts.append(json.dumps([obs["system_prompt"], obs["messages"]], sort_keys=True))
-            r, tr = episode(seed, solver(s))
-            solved.append(float(r["reward"]))
-            if seed == 0:
-                samples["solver"] = tr
-        frac = sum(x >= cfg.solver_min_reward for x in solved) / len(seeds)
-        findings.append(Finding("reference_solver", frac >= cfg.solver_min_fraction,
-                                f"reference solver reaches {cfg.solver_min_reward} on {frac:.0%} of seeds "
-                                f"(need {cfg.solver_min_fraction:.0%})", {"mean": statistics.fmean(solved)}))
-        distinct = len(set(firsts)) / len(seeds)
-        findings.append(Finding("instance_variety", distinct >= cfg.min_distinct_fraction,
-                                f"{distinct:.0%} of seeds give a distinct task (need {cfg.min_distinct_fraction:.0%})"))
-        for name, pol in {**TRIVIAL, "parrot": parrot}.items():
-            rewards = []
-            for seed in seeds:
-                r, tr = episode(seed, pol)
-                rewards.append(float(r["reward"]))
-                if seed == 0:
-                    samples[name] = tr
-            mean = statistics.fmean(rewards)
-            check = "answer_leak" if name == "parrot" else f"trivial_{name}"
-            detail = (f"echoing the prompt and hint back scores {mean:.2f} on average"
-                      + (": the answer is in the prompt" if mean > cfg.trivial_max_mean else "")
-                      if name == "parrot" else f"policy '{name}' scores {mean:.2f} on average")
-            findings.append(Finding(check, mean <= cfg.trivial_max_mean, detail + f" (max {cfg.trivial_max_mean})",
-                                    {"mean": mean}))
-        rewards_all = solved + [f.figures.get("mean", 0) for f in findings if f.check.startswith("trivial_")]
-        findings.append(Finding("reward_varies", statistics.pstdev(rewards_all) > 0.01,
-                                "rewards differ between policies and seeds" if statistics.pstdev(rewards_all) > 0.01
-                                else "reward is the same whatever the agent does"))
+        try:
+            _episode_checks(probe, cfg, findings, samples)
+        except GaveUp as err:
+            findings.append(Finding("robustness", False, f"{err}: " + "; ".join(probe.failures[:6])))
+            return findings, samples
+        findings.append(Finding("robustness", not probe.failures,
+                                "; ".join(probe.failures[:6]) + (f" (+{len(probe.failures) - 6} more)"
+                                                                 if len(probe.failures) > 6 else "")
+                                if probe.failures else "no call failed",
+                                {"failures": len(probe.failures)}))
+    finally:
+        probe.close()
     return findings, samples
+
+
+def _episode_checks(probe: Probe, cfg: VerifyConfig, findings: list[Finding], samples: dict) -> None:
+    # determinism: same seed -> same instance, same solver reward and transcript
+    nondet = []
+    for seed in range(cfg.determinism_seeds):
+        a = probe.episode(seed, "solver", solver)
+        b = probe.episode(seed, "solver", solver)
+        if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            nondet.append(seed)
+    findings.append(Finding("determinism", not nondet, f"seeds {nondet} differ between two runs" if nondet
+                            else f"{cfg.determinism_seeds} seeds reproduce exactly"))
+    seeds = list(range(cfg.seeds))
+    solved, firsts = [], []
+    for seed in seeds:
+        r, tr = probe.episode(seed, "solver", solver)
+        solved.append(r)
+        firsts.append(json.dumps(tr[:2], sort_keys=True))  # the task may sit in the system prompt (tau2 solo)
+        if seed == 0:
+            samples["solver"] = tr
+    frac = sum(x >= cfg.solver_min_reward for x in solved) / len(seeds)
+    findings.append(Finding("reference_solver", frac >= cfg.solver_min_fraction,
+                            f"reference solver reaches {cfg.solver_min_reward} on {frac:.0%} of seeds "
+                            f"(need {cfg.solver_min_fraction:.0%})", {"mean": statistics.fmean(solved)}))
+    distinct = len(set(firsts)) / len(seeds)
+    findings.append(Finding("instance_variety", distinct >= cfg.min_distinct_fraction,
+                            f"{distinct:.0%} of seeds give a distinct task (need {cfg.min_distinct_fraction:.0%})"))
+    for name, pol in {**TRIVIAL, "parrot": parrot}.items():
+        rewards = []
+        for seed in seeds:
+            r, tr = probe.episode(seed, name, lambda session, pol=pol: pol)
+            rewards.append(r)
+            if seed == 0:
+                samples[name] = tr
+        mean = statistics.fmean(rewards)
+        check = "answer_leak" if name == "parrot" else f"trivial_{name}"
+        detail = (f"echoing the prompt and hint back scores {mean:.2f} on average"
+                  + (": the answer is in the prompt" if mean > cfg.trivial_max_mean else "")
+                  if name == "parrot" else f"policy '{name}' scores {mean:.2f} on average")
+        findings.append(Finding(check, mean <= cfg.trivial_max_mean, detail + f" (max {cfg.trivial_max_mean})",
+                                {"mean": mean}))
+    rewards_all = solved + [f.figures.get("mean", 0) for f in findings if f.check.startswith("trivial_")]
+    varies = statistics.pstdev(rewards_all) > 0.01
+    findings.append(Finding("reward_varies", varies, "rewards differ between policies and seeds" if varies
+                            else "reward is the same whatever the agent does"))
 
 
 # ---------------------------------------------------------------- LLM review

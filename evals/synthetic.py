@@ -3,6 +3,7 @@ so the base agent, calibration and GRPO roll it out exactly like a real benchmar
 from __future__ import annotations
 
 from trace_rl.evals.benchmark import Episode, Observation, Score, decode_tool_calls
+from trace_rl.sandbox import contract
 from trace_rl.sandbox.session import EnvSession
 
 
@@ -22,7 +23,7 @@ class SyntheticEpisode(Episode):
 
     def reset(self) -> Observation:
         self.session.new_episode()
-        obs = self.session.call("reset", self.seed)
+        obs = contract.reset(self.session, self.seed)
         self.plain_system_prompt = obs["system_prompt"]
         hint = obs.get("hint") or ""
         self.system_prompt = self.plain_system_prompt + (f"\n\nHint: {hint}" if self.hinted and hint else "")
@@ -31,12 +32,14 @@ class SyntheticEpisode(Episode):
         return Observation(messages=obs["messages"])
 
     def step(self, content: str, tool_calls: list[dict]) -> Observation:
-        out = self.session.call("step", to_env_action(content, tool_calls))
+        out = contract.step(self.session, to_env_action(content, tool_calls))
         return Observation(messages=out["messages"], done=out["done"], reason="agent_stop" if out["done"] else None)
 
     def score(self, termination: str) -> Score:
-        r = self.session.call("reward")
-        return Score(reward=float(r["reward"]), passed=bool(r["success"]),
+        if termination == "env_error":  # the module broke mid-episode: its reward is not trusted
+            return Score(0.0, False, {"termination": termination, "seed": self.seed, "scored": False})
+        r = contract.reward(self.session)  # finite, in [0, 1], or a SandboxError (an env_error episode)
+        return Score(reward=r["reward"], passed=r["success"],
                      reasons={"components": r["components"], "termination": termination, "seed": self.seed})
 
 
@@ -45,11 +48,11 @@ class SyntheticBenchmark:
     sandbox pool. Use as a context manager (it owns containers)."""
 
     def __init__(self, code: str, name: str = "synthetic", seeds: range = range(100), pool_size: int = 2,
-                 hinted: bool = False):
-        from trace_rl.sandbox.session import SessionPool
+                 hinted: bool = False, limits=None):
+        from trace_rl.sandbox.session import SessionLimits, SessionPool
 
         self.name, self.seeds, self.hinted = name, seeds, hinted
-        self.pool = SessionPool(code, size=pool_size)  # grows to the number of episodes alive at once
+        self.pool = SessionPool(code, size=pool_size, limits=limits or SessionLimits())  # grows to the number of episodes alive at once
 
     def splits(self) -> list[str]:
         return ["seeds"]

@@ -23,7 +23,7 @@ from trace_rl.sandbox.run import Limits, cli_flags
 
 
 class SandboxError(RuntimeError):
-    """kind: timeout | crashed | oom | protocol | output_limit | env_error | episode_timeout"""
+    """kind: timeout | crashed | oom | protocol | output_limit | env_error | episode_timeout | contract"""
 
     def __init__(self, kind: str, message: str, stderr: str = "", traceback: str = ""):
         super().__init__(f"[{kind}] {message}" + (f"\n--- stderr tail ---\n{stderr[-2000:]}" if stderr else ""))
@@ -45,6 +45,41 @@ def docker_run_args(image: str, limits: Limits, name: str) -> list[str]:
             image, "python3", "/opt/trace_rl/runner.py"]
 
 
+MAX_DEPTH = 64  # nesting of a reply's JSON; deeper is a protocol error, not a RecursionError on the host
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth_ok(x, limit: int = MAX_DEPTH) -> bool:
+    stack = [(x, 0)]
+    while stack:
+        node, d = stack.pop()
+        if d > limit:
+            return False
+        if isinstance(node, dict):
+            stack += [(v, d + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, d + 1) for v in node]
+    return True
+
+
+def parse_reply(line: bytes) -> dict:
+    """One protocol line -> {"id", "ok": bool, ...}; ValueError says what is wrong with it."""
+    try:
+        reply = json.loads(line, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError(f"reply nested deeper than {MAX_DEPTH}") from None
+    except ValueError as err:
+        raise ValueError(f"garbage on the protocol channel ({err})") from None
+    if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
+        raise ValueError("a reply must be an object whose 'ok' is true or false")
+    if not _depth_ok(reply):
+        raise ValueError(f"reply nested deeper than {MAX_DEPTH}")
+    return reply
+
+
 class EnvSession:
     """A warm container that can load environment code and call methods on it."""
 
@@ -59,6 +94,8 @@ class EnvSession:
         self._stderr_total = 0
         self._buf = b""
         self._t_episode = time.monotonic()
+        self._next_id = 0
+        self.failure: SandboxError | None = None  # the first failure: later calls report it, not a symptom
         threading.Thread(target=self._drain_stderr, daemon=True).start()
 
     def _drain_stderr(self) -> None:
@@ -86,16 +123,23 @@ class EnvSession:
             self.proc.kill()
 
     def _fail(self, kind: str, message: str) -> SandboxError:
+        if self.failure is not None:
+            return self.failure
         self.close()
         if kind == "crashed" and self._stderr_total > self.limits.max_stderr_bytes:
             kind, message = "output_limit", f"wrote over {self.limits.max_stderr_bytes} bytes of output"
         elif kind == "crashed" and self.proc.returncode in (137, -9):
             kind, message = "oom", f"killed (exit {self.proc.returncode}): memory limit {self.limits.memory} or killed"
-        return SandboxError(kind, message, self.stderr)
+        self.failure = SandboxError(kind, message, self.stderr)
+        return self.failure
 
     def request(self, req: dict, timeout: float | None = None):
+        if self.failure is not None:  # a dead session says why it died, not "exit 137"
+            raise self.failure
         if self.proc.poll() is not None:
             raise self._fail("crashed", f"container exited with {self.proc.returncode}")
+        self._next_id += 1
+        req = {**req, "id": self._next_id}
         timeout = timeout or self.limits.call_timeout_s
         remaining_episode = self.limits.episode_timeout_s - (time.monotonic() - self._t_episode)
         if remaining_episode <= 0:
@@ -124,11 +168,12 @@ class EnvSession:
                 raise self._fail("output_limit", f"reply over {self.limits.max_reply_bytes} bytes")
         line, self._buf = self._buf.split(b"\n", 1)
         try:
-            reply = json.loads(line)
-            ok = reply["ok"]
-        except (ValueError, KeyError, TypeError):
-            raise self._fail("protocol", f"garbage on the protocol channel: {line[:200]!r}")
-        if not ok:
+            reply = parse_reply(line)
+        except ValueError as err:
+            raise self._fail("protocol", f"{err}: {line[:200]!r}")
+        if reply.get("id") != self._next_id:  # an extra or stale reply: this session is out of step for good
+            raise self._fail("protocol", f"reply id {reply.get('id')!r} answers no request (expected {self._next_id})")
+        if not reply["ok"]:
             raise SandboxError("env_error", f"{reply.get('error')}: {reply.get('message')}", self.stderr,
                                reply.get("traceback", ""))
         return reply.get("result")
@@ -152,13 +197,29 @@ class EnvSession:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _drain_stdout(self) -> None:
+        """Read the protocol channel to its end: a module flooding it would otherwise block
+        the container's removal (the engine waits for the attached stream)."""
+        fd = self.proc.stdout.fileno()
+        try:
+            while os.read(fd, 1 << 20):
+                pass
+        except OSError:
+            pass
+
     def close(self) -> None:
+        """Remove the container; at most ~2 s whatever the module is doing."""
         if self.proc.poll() is None:
-            self._kill()
+            threading.Thread(target=self._drain_stdout, daemon=True).start()
+            killer = threading.Thread(target=self._kill, daemon=True)
+            killer.start()
+            killer.join(timeout=2)
+            if self.proc.poll() is None:
+                self.proc.kill()  # the docker client; the engine finishes removing the container on its own
             try:
-                self.proc.wait(timeout=15)
+                self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                pass
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()

@@ -4,8 +4,11 @@ Host -> runner, one JSON object per line:
   {"op": "load", "code": str, "entry": str, "kwargs": {}}   build the object `entry(**kwargs)`
   {"op": "call", "method": str, "args": [], "kwargs": {}}    call a method on it
   {"op": "exec", "code": str}                                 run a snippet, return its stdout
-Runner -> host: {"ok": true, "result": ...} or {"ok": false, "error": type, "message": str, "traceback": str}.
-Anything the loaded code prints goes to stderr, so it cannot corrupt the protocol.
+Runner -> host: {"id": <the request's id>, "ok": true, "result": ...} or
+                {"id": ..., "ok": false, "error": type, "message": str, "traceback": str}.
+Anything the loaded code prints goes to stderr. Code that writes to the protocol channel anyway
+(it can find the fd) desyncs the ids or breaks the JSON: the host then discards the session.
+Results must be plain JSON: NaN and infinities are refused here, before they reach the host.
 """
 import contextlib
 import io
@@ -23,8 +26,10 @@ def main():
     sys.stdout = sys.stderr
     obj = None
     for line in sys.stdin:
+        rid = None
         try:
             req = json.loads(line)
+            rid = req.get("id")
             op = req["op"]
             if op == "load":
                 ns = {"__name__": "trace_rl_env"}
@@ -42,13 +47,17 @@ def main():
                 result = buf.getvalue()
             else:
                 raise ValueError(f"unknown op {op!r}")
-            out = json.dumps({"ok": True, "result": result})
+            out = json.dumps({"id": rid, "ok": True, "result": result}, allow_nan=False)
             if len(out) > MAX_REPLY:
                 raise ValueError(f"reply of {len(out)} bytes exceeds the {MAX_REPLY}-byte cap")
         except BaseException as e:  # report everything; SystemExit in user code included
             if isinstance(e, KeyboardInterrupt):
                 raise
-            out = json.dumps({"ok": False, "error": type(e).__name__, "message": str(e)[:2000],
+            try:
+                message = str(e)[:2000]
+            except BaseException:  # an exception whose __str__ itself fails
+                message = "<unprintable exception>"
+            out = json.dumps({"id": rid, "ok": False, "error": type(e).__name__, "message": message,
                               "traceback": traceback.format_exc()[-4000:]})
         proto.write(out + "\n")
 

@@ -1,0 +1,5 @@
+# step() returns None
+class Env(Env):
+    def step(self, action):
+        super().step(action)
+        return None
