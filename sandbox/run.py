@@ -16,12 +16,28 @@ class Limits:
     max_output: int = 1 << 20  # bytes of stdout/stderr kept
 
 
+SANDBOX_UID = 64917  # the image's user (sandbox/image/Dockerfile): a uid no host account should have
+
+
+def sandbox_user() -> str:
+    """uid:gid for containers; refuses to run as a uid that a host account owns (a file the
+    container could write through a mount, or a process it could signal, would be that user's)."""
+    import pwd
+
+    try:
+        owner = pwd.getpwuid(SANDBOX_UID).pw_name
+    except KeyError:
+        return f"{SANDBOX_UID}:{SANDBOX_UID}"
+    raise RuntimeError(f"host account {owner!r} has uid {SANDBOX_UID}, the sandbox's uid; "
+                       "change SANDBOX_UID in sandbox/run.py and the Dockerfile to a free one")
+
+
 def hardened(limits: Limits) -> dict:
-    """docker-py container options: no network, read-only root, no privileges."""
+    """docker-py container options: no network, read-only root, no privileges, a non-host uid."""
     return dict(network_mode="none", read_only=True, tmpfs={"/tmp": f"size={limits.tmpfs_size},mode=1777"},
                 mem_limit=limits.memory, memswap_limit=limits.memory, nano_cpus=int(limits.cpus * 1e9),
                 pids_limit=limits.pids, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                user="1000:1000", ipc_mode="none")
+                user=sandbox_user(), ipc_mode="none")
 
 
 def cli_flags(limits: Limits) -> list[str]:

@@ -14,7 +14,25 @@ def test_container_runs_python_without_network(sandbox_image):
         "try:\n    open('/etc/evil', 'w'); print('WROTE')\nexcept OSError as e:\n    print('ro', e.errno)\n")
     assert res.exit_code == 0, res.stderr
     assert "CONNECTED" not in res.stdout and "blocked" in res.stdout
-    assert "uid 1000" in res.stdout and "WROTE" not in res.stdout
+    from trace_rl.sandbox.run import SANDBOX_UID
+
+    assert f"uid {SANDBOX_UID}" in res.stdout and "WROTE" not in res.stdout
+
+
+def test_no_setuid_binaries_and_the_uid_is_no_host_account(sandbox_image):
+    import pwd
+
+    from trace_rl.sandbox.run import SANDBOX_UID, run_python
+
+    res = run_python("import os, stat\n"
+                     "bad = [os.path.join(d, f) for d, _, fs in os.walk('/usr') for f in fs\n"
+                     "       if os.path.isfile(os.path.join(d, f)) and not os.path.islink(os.path.join(d, f))\n"
+                     "       and os.stat(os.path.join(d, f)).st_mode & (stat.S_ISUID | stat.S_ISGID)]\n"
+                     "print('SETUID', len(bad), bad[:5])\nprint('ids', os.getuid(), os.getgid())\n")
+    assert "SETUID 0 []" in res.stdout, res.stdout + res.stderr
+    assert f"ids {SANDBOX_UID} {SANDBOX_UID}" in res.stdout
+    with pytest.raises(KeyError):
+        pwd.getpwuid(SANDBOX_UID)
 
 
 def test_image_tag_is_recipe_hash():
