@@ -25,30 +25,85 @@ def atomic_write_json(path: Path, data) -> None:
 
 
 class TrajectoryStore:
-    def __init__(self, directory: str | Path):
+    """trajectories.jsonl + index.json. Readers never change the store: a bad line is skipped,
+    kept verbatim (with its line number) in quarantine.jsonl next to it and reported once; a
+    torn tail (a killed writer's last, unterminated line) is moved to quarantine only by the
+    writer, when it next appends; the writer rewrites index.json after every append, from
+    what it loaded plus what it added, so the index lists exactly the readable episodes."""
+
+    def __init__(self, directory: str | Path, log: Callable[[str], None] | None = None):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "trajectories.jsonl"
         self.index_path = self.dir / "index.json"
+        self.quarantine_path = self.dir / "quarantine.jsonl"
         self._lock = threading.Lock()
         self._items: dict[str, Trajectory] = {}
+        self._torn = 0  # bytes of an unterminated last line, repaired at the next append
+        self._log = log or (lambda msg: print(msg, file=__import__("sys").stderr))
         self._load()
+
+    def _quarantined(self) -> set[tuple[int, str]]:
+        if not self.quarantine_path.is_file():
+            return set()
+        out = set()
+        for line in self.quarantine_path.read_text(errors="replace").splitlines():
+            try:
+                q = json.loads(line)
+                out.add((q["line"], q["text"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def _quarantine(self, entries: list[dict]) -> None:
+        with open(self.quarantine_path, "a") as f:
+            for e in entries:
+                f.write(json.dumps(e) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def _load(self) -> None:
         if not self.path.exists():
             return
-        good = 0
-        with open(self.path, "rb") as f:
-            for line in f:
-                try:
-                    t = Trajectory.from_dict(json.loads(line))
-                except (ValueError, TypeError):
-                    break  # a torn tail from a killed run: everything after is dropped
-                self._items[t.key] = t
-                good += len(line)
-        if good != self.path.stat().st_size:
-            with open(self.path, "r+b") as f:
-                f.truncate(good)
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline; else a torn last line
+        self._torn = len(tail)
+        bad = []
+        for n, raw in enumerate(lines, 1):
+            try:
+                t = Trajectory.from_dict(json.loads(raw))
+            except Exception:  # any line that is not a trajectory: skipped and kept aside, never dropped
+                bad.append({"line": n, "text": raw.decode(errors="replace"), "store": self.path.name})
+                continue
+            self._items[t.key] = t
+        seen = self._quarantined()
+        new = [b for b in bad if (b["line"], b["text"]) not in seen]
+        if new:
+            try:
+                self._quarantine(new)
+            except OSError:  # a read-only run directory: report, keep nothing
+                pass
+            self._log(f"{self.path}: {len(new)} unreadable line(s) skipped (lines "
+                      f"{', '.join(str(b['line']) for b in new[:10])}), kept in {self.quarantine_path.name}")
+
+
+    def _write_index(self) -> None:
+        atomic_write_json(self.index_path, {
+            "count": len(self._items), "passed": sum(t.passed for t in self._items.values()),
+            "episodes": {k: {"passed": t.passed, "reward": t.reward, "termination": t.termination}
+                         for k, t in self._items.items()}})
+
+    def _repair_torn_tail(self) -> None:
+        """Writer only: move an unterminated last line to quarantine, then cut it off the store."""
+        size = self.path.stat().st_size
+        with open(self.path, "r+b") as f:
+            f.seek(size - self._torn)
+            torn = f.read()
+            self._quarantine([{"line": "torn-tail", "text": torn.decode(errors="replace"), "store": self.path.name}])
+            f.truncate(size - self._torn)
+        self._log(f"{self.path}: a torn last line ({self._torn} bytes) moved to {self.quarantine_path.name}")
+        self._torn = 0
 
     def __contains__(self, key: str) -> bool:
         return key in self._items
@@ -67,15 +122,14 @@ class TrajectoryStore:
         with self._lock:
             if traj.key in self._items:
                 return
+            if self._torn:
+                self._repair_torn_tail()
             with open(self.path, "ab") as f:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
             self._items[traj.key] = traj
-            atomic_write_json(self.index_path, {
-                "count": len(self._items), "passed": sum(t.passed for t in self._items.values()),
-                "episodes": {k: {"passed": t.passed, "reward": t.reward, "termination": t.termination}
-                             for k, t in self._items.items()}})
+            self._write_index()
 
 
 def rollout(benchmark: Benchmark, policy: Policy | Callable[[], Policy], task_ids: Iterable[str],

@@ -1,3 +1,4 @@
+import pytest
 import json
 import os
 import signal
@@ -67,16 +68,45 @@ def test_max_steps_and_malformed_are_outcomes_not_crashes():
     assert text.termination == "agent_error"  # solo agents may only call tools
 
 
-def test_store_drops_torn_tail(tmp_path):
+def test_a_reader_never_changes_the_store_and_the_writer_repairs_a_torn_tail(tmp_path):
     b = TaggedTelecom()
     ids = [t.id for t in b.tasks("test")[:2]]
     store = TrajectoryStore(tmp_path)
     rollout(b, gold_policy(b), ids, store, progress=False)
     with open(store.path, "ab") as f:
         f.write(b'{"task_id": "half-writ')
+    before = store.path.read_bytes()
     again = TrajectoryStore(tmp_path)
-    assert len(again) == 2 and store.path.read_bytes().endswith(b"\n")
-    assert json.loads(store.index_path.read_text())["count"] == 2
+    assert len(again) == 2 and store.path.read_bytes() == before  # the reader kept every byte
+    rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[2:3]], again, progress=False)  # the writer appends
+    text = store.path.read_bytes()
+    assert b"half-writ" not in text and len(text.splitlines()) == 3
+    quarantined = [json.loads(l) for l in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
+    assert quarantined == [{"line": "torn-tail", "text": '{"task_id": "half-writ', "store": "trajectories.jsonl"}]
+    assert json.loads(store.index_path.read_text())["count"] == 3 == len(TrajectoryStore(tmp_path))
+
+
+@pytest.mark.parametrize("bad", [b"not json at all", b"[]", b'{"task_id": 1}', b"\xff\xfe binary"])
+def test_a_bad_line_is_skipped_quarantined_once_and_nothing_is_lost(tmp_path, bad):
+    """A corrupt line 2 of 6: the other 5 load, the file keeps all 6 lines, the line is kept
+    verbatim in quarantine.jsonl once however often the store is read, and index.json agrees."""
+    b = TaggedTelecom()
+    store = TrajectoryStore(tmp_path)
+    rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:3]], store, trials=2, progress=False)
+    lines = store.path.read_bytes().splitlines(keepends=True)
+    lines[1] = bad + b"\n"
+    store.path.write_bytes(b"".join(lines))
+    damaged = store.path.read_bytes()
+    logged = []
+    for _ in range(3):
+        again = TrajectoryStore(tmp_path, log=logged.append)
+    assert len(again) == 5 and store.path.read_bytes() == damaged
+    assert len(logged) == 1 and "line" in logged[0] and "2" in logged[0]  # reported once
+    q = [json.loads(l) for l in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
+    assert len(q) == 1 and q[0]["line"] == 2 and q[0]["text"] == bad.decode(errors="replace")
+    rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:4]], again, trials=2, progress=False)  # resume
+    index = json.loads(store.index_path.read_text())
+    assert index["count"] == 8 == len(TrajectoryStore(tmp_path)) and len(store.path.read_bytes().splitlines()) == 9
 
 
 KILLABLE = textwrap.dedent("""
