@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
 from trace_rl.agents.base_agent import Trajectory
@@ -47,6 +47,7 @@ class Status(str, Enum):
 
 # ---------------------------------------------------------------- configuration
 class AnalysisConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
     n_candidates: int = Field(10, ge=1, le=30)
     n_runs: int = Field(10, ge=1)
     k: int = Field(8, ge=1, description="runs a capability must pass to be kept")
@@ -59,8 +60,8 @@ class AnalysisConfig(BaseModel):
                                                  "contrast; fewer and the capability is no_contrast, not kept")
     max_unlabelled: float = Field(0.2, ge=0, le=1, description="share of pairs a run may leave unlabelled; "
                                                                "above it the run is unreliable and does not count")
-    label_temperature: float = 0.7  # runs must be independent draws, not one greedy answer N times
-    concurrency: int = Field(2, ge=1)
+    label_temperature: float = Field(0.7, ge=0, le=2)  # runs must be independent draws, not one greedy answer N times
+    concurrency: int = Field(2, ge=1, le=64)
     domain_words: list[str] = Field(default_factory=list, description="words that mark a domain recipe")
 
     @field_validator("k")

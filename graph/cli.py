@@ -9,6 +9,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must no
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(help="TRACE: capability-targeted training environments from agent failures.",
@@ -143,11 +144,11 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="e.g. tau2:telec
              split: str = typer.Option("test", help="task split (train / test / base ...)"),
              model: str = typer.Option("qwen2.5-coder-0.5b", help="embedded model, .gguf path, or remote name"),
              base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
-             tasks: int = typer.Option(0, help="only the first N tasks (0 = all)"),
+             tasks: int = typer.Option(0, min=0, help="only the first N tasks (0 = all)"),
              task_id: list[str] = typer.Option(None, help="specific task ids (repeatable)"),
-             trials: int = typer.Option(1, help="trials per task (pass^k needs k)"),
+             trials: int = typer.Option(1, min=1, help="trials per task (pass^k needs k)"),
              out: str = typer.Option(None, help="output directory (resumes if it exists)"),
-             concurrency: int = typer.Option(1, help="episodes in flight"),
+             concurrency: int = typer.Option(1, min=1, help="episodes in flight"),
              max_steps: int = 30, max_tokens: int = 512, temperature: float = 0.0,
              user_model: str = typer.Option(None, help="user-simulator model (airline/retail); default: --model"),
              user_base_url: str = typer.Option(None, help="endpoint of the user-simulator model")):
@@ -158,7 +159,7 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="e.g. tau2:telec
         run_eval(benchmark, split, model, base_url, tasks, task_id, trials, out, concurrency, max_steps,
                  max_tokens, temperature, user_model, user_base_url)
     except BenchmarkError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
 
 
@@ -167,22 +168,28 @@ def _overrides(pairs: list[str]) -> dict:
     """`--set grpo.steps=10 --set benchmark=tau2:airline` -> nested dict (values parsed as YAML)."""
     import yaml
 
+    from trace_rl.graph.config import ConfigError
+
     out: dict = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise typer.BadParameter(f"--set takes KEY=VALUE, got {pair!r}")
+            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
         node = out
         *parents, leaf = key.strip().split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {pair}: {'.'.join(parents[:i + 1])} was set to a value above; "
+                                  "set either the section or fields inside it")
+        try:
+            node[leaf] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {pair}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
     return out
 
 
 def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None:
-    from rich.markup import escape
-
     from trace_rl.graph.pipeline import drive
 
     t0 = time.perf_counter()
@@ -251,7 +258,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
     try:
         cfg = load_config(config, preset, over)
     except ConfigError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
     if show_config:
         typer.echo(json.dumps(cfg.model_dump(), indent=2))
@@ -281,12 +288,15 @@ def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed i
 
 
 def _saved(run_dir: str):
-    from trace_rl.graph.pipeline import load_saved_config
+    from pathlib import Path
 
+    from trace_rl.graph.pipeline import check_run_dir, load_saved_config
+
+    check_run_dir(Path(run_dir))  # a damaged run directory: one line, nothing touched
     try:
         return load_saved_config(run_dir)
     except FileNotFoundError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
 
 
@@ -321,9 +331,12 @@ def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for
             reject: list[str] = typer.Option(None, help="capability name (or item id) to reject; repeatable"),
             reason: str = typer.Option("", help="why (kept with the decision)")):
     """Decide the pending approval: approve it, or reject the named capabilities / environment."""
-    from trace_rl.graph.pipeline import read_decisions, record_decision
+    from pathlib import Path
+
+    from trace_rl.graph.pipeline import check_run_dir, read_decisions, record_decision
     from trace_rl.graph.web import pending_item
 
+    check_run_dir(Path(run_dir))
     item = pending_item(run_dir)
     if item is None or item["id"] in read_decisions(run_dir):
         console.print("nothing is waiting for a decision")
@@ -375,7 +388,7 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
         settings = PRESETS[preset].model_copy(update={})
         settings = type(settings).model_validate({**settings.model_dump(), **_overrides(set_)})
     except ValidationError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
     code_path = Path(env)
     if not code_path.is_file():
@@ -440,7 +453,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     try:
         bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"))
     except BenchmarkError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
     spec = bench.spec()
     target = Target(bench.name, spec["tools"], spec["policy"], spec["system_prompt"])
@@ -508,7 +521,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
                              context_chars=context_chars, per_trajectory_chars=per_trajectory_chars,
                              concurrency=concurrency)
     except ValidationError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
     llm = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens))
     out = Path(run_dir) / "analysis"
@@ -531,8 +544,19 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
                   f"{u.seconds:.0f}s in the model; written to [bold]{out}[/] (capabilities.json, cov_delta.png)")
 
 
-def main():  # pragma: no cover
-    app()
+def main():
+    """The `trace-rl` command: a problem with the input is one line and exit code 2, not a traceback."""
+    import sqlite3
+
+    from trace_rl.evals.benchmark import BenchmarkError
+    from trace_rl.graph.config import ConfigError
+    from trace_rl.graph.pipeline import RunDirError
+
+    try:
+        app()
+    except (ConfigError, RunDirError, BenchmarkError, FileNotFoundError, sqlite3.DatabaseError) as err:
+        console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -157,13 +157,35 @@ class ConfigError(ValueError):
     pass
 
 
+def nearest_field(loc: tuple) -> str | None:
+    """The valid field closest to a misspelt one at `loc` (a path into RunConfig)."""
+    import difflib
+    import typing
+
+    model = RunConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        ann = next((a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    hits = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.5)
+    return hits[0] if hits else None
+
+
 def describe(err: ValidationError, source: str) -> str:
     """One line per problem: the field's dotted path, what is wrong, the value given."""
     lines = [f"{source}: invalid run configuration"]
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  - {path}: unknown field; check the spelling (fields: `trace-rl run --show-config`)")
+            near = nearest_field(e["loc"])
+            hint = f"did you mean `{'.'.join(map(str, e['loc'][:-1] + (near,)))}`?" if near else \
+                "check the spelling"
+            lines.append(f"  - {path}: unknown field; {hint} (fields: `trace-rl run --show-config`)")
         else:
             lines.append(f"  - {path}: {e['msg']} (got {json.dumps(e.get('input'), default=str)[:80]})")
     return "\n".join(lines)
@@ -180,7 +202,10 @@ def read_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml

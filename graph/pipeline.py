@@ -350,17 +350,18 @@ class Pipeline:
 
         name = s["current"]
         out = self.train_dir(name) / "grpo"
+        code = Path(s["envs"][name]["env"]).read_text()
+        tools_path = self.train_dir(name) / "tools.json"
+        if not tools_path.is_file():  # before training: a kill after the adapter is saved must find it too
+            atomic_write_json(tools_path, self._env_tools(name, code))
         if (out / "adapter" / "adapter_config.json").is_file() and (out / "train_log.json").is_file():
             log = json.loads((out / "train_log.json").read_text())
             return {"adapters": {name: {**s["adapters"][name], "adapter": str(out / "adapter"), "steps": len(log),
                                         "untrained": not adapter_changed(out / "adapter")}}}
-        code = Path(s["envs"][name]["env"]).read_text()
         model, tok = self.comps.load_base()
         with self._env_bench(name, range(self.cfg.train_seeds), code) as bench:
             res = CapabilityGRPO(model, tok, bench, [str(x) for x in range(self.cfg.train_seeds)], out,
                                  self.cfg.grpo, name=name).train()
-        tools = self._env_tools(name, code)
-        atomic_write_json(self.train_dir(name) / "tools.json", tools)
         untrained = not adapter_changed(res.adapter)
         if untrained:
             self.log(f"{name}: UNTRAINED: after {res.steps} GRPO steps every LoRA B matrix is still zero "
@@ -630,6 +631,48 @@ def render_markdown(r: dict) -> str:
 
 
 # ---------------------------------------------------------------- running, resuming, approvals
+class RunDirError(ValueError):
+    """A run directory that cannot be used as it is; the message names the file and the fix."""
+
+
+def read_json_file(path: Path, what: str):
+    """A run directory's JSON file, or a RunDirError naming it (never a traceback, nothing written)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise RunDirError(f"{path}: not valid JSON ({str(err)[:120]}); {what}") from None
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse, before anything is written, a run directory that is a file or holds a damaged
+    checkpoint or control file."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a run directory; pass another --run-dir")
+    db = run_dir / "graph.sqlite"
+    if db.exists():
+        with open(db, "rb") as f:
+            header = f.read(16)
+        if header != b"SQLite format 3\x00":
+            raise RunDirError(f"{db} is not a checkpoint database ({'empty' if not header else 'damaged'}); "
+                              "move it away to start this run over, or restore it from a backup")
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                con.execute("PRAGMA quick_check").fetchall()
+                con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as err:
+            raise RunDirError(f"{db} is damaged ({err}); move it away to start this run over") from None
+    for name, fix in (("config.json", "restore it, or start a new run directory"),
+                      ("approvals.json", "fix or remove it (decisions are asked again)"),
+                      ("pending.json", "remove it (the run writes it again when it waits)")):
+        if (run_dir / name).is_file():
+            data = read_json_file(run_dir / name, fix)
+            if not isinstance(data, dict):
+                raise RunDirError(f"{run_dir / name}: must hold a JSON object; {fix}")
+
+
 def _checkpointer(run_dir: Path):
     from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -659,7 +702,7 @@ def decisions_path(run_dir: Path) -> Path:
 
 def read_decisions(run_dir: Path) -> dict:
     p = decisions_path(run_dir)
-    return json.loads(p.read_text()) if p.is_file() else {}
+    return read_json_file(p, "fix or remove it (decisions are asked again)") if p.is_file() else {}
 
 
 def record_decision(run_dir: Path, item_id: str, decision: dict) -> None:
@@ -680,10 +723,17 @@ def save_config(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def load_saved_config(run_dir: Path) -> RunConfig:
+    from pydantic import ValidationError
+
     p = Path(run_dir) / "config.json"
     if not p.is_file():
         raise FileNotFoundError(f"{run_dir} is not a trace-rl run directory (no config.json); start one with `trace-rl run`")
-    return RunConfig.model_validate(json.loads(p.read_text()))
+    try:
+        return RunConfig.model_validate(read_json_file(p, "restore it, or start a new run directory"))
+    except ValidationError as err:
+        raise RunDirError(f"{p}: not a valid run configuration ({err.error_count()} problem(s), first: "
+                          f"{'.'.join(map(str, err.errors()[0]['loc']))}: {err.errors()[0]['msg']}); "
+                          "restore it, or start a new run directory") from None
 
 
 # where each stage keeps its output in the run directory (iteration folders: the first iteration's)
@@ -698,7 +748,7 @@ def saved_fingerprints(run_dir: Path) -> dict:
 
     try:
         return stage_fingerprints(load_saved_config(run_dir))
-    except (FileNotFoundError, ValueError):
+    except FileNotFoundError:
         return {}
 
 
@@ -752,6 +802,7 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     `auto_approve`, are made here. With `wait`, an undecided approval blocks (polling
     approvals.json, serving the web page if `web_port` is set) instead of returning."""
     run_dir = Path(run_dir)
+    check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stale = retire_stale_stages(run_dir, cfg, log)
     pipe, app = compiled(run_dir, cfg, log)

@@ -17,8 +17,10 @@ pre{background:#f6f6f6;padding:1em;overflow:auto;max-height:420px;font-size:12px
 
 
 def pending_item(run_dir: Path) -> dict | None:
+    from trace_rl.graph.pipeline import read_json_file
+
     p = Path(run_dir) / "pending.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+    return read_json_file(p, "remove it (the run writes it again when it waits)") if p.is_file() else None
 
 
 def _e(x) -> str:

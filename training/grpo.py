@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from trace_rl.agents.base_agent import Trajectory
 from trace_rl.agents.llm import Reply, parse_tool_calls
@@ -32,6 +32,7 @@ from trace_rl.agents.llm import Reply, parse_tool_calls
 
 class GRPOSettings(BaseModel):
     """Defaults are the method's (TRACE §4); `PRESETS` holds sizes for small machines."""
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(16, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
@@ -39,16 +40,16 @@ class GRPOSettings(BaseModel):
     group_size: int = Field(16, ge=2, description="episodes per task instance (G)")
     groups_per_step: int = Field(1, ge=1, description="task instances per optimizer step")
     learning_rate: float = Field(1e-5, gt=0)
-    epsilon: float = Field(0.2, gt=0, description="lower clip")
-    epsilon_high: float = Field(0.28, gt=0, description="upper clip (DAPO)")
+    epsilon: float = Field(0.2, gt=0, le=1, description="lower clip")
+    epsilon_high: float = Field(0.28, gt=0, le=1, description="upper clip (DAPO)")
     beta: float = Field(0.0, ge=0, description="KL coefficient; 0 = no KL term, no reference model")
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, le=5)
     steps: int = Field(20, ge=1, description="optimizer steps (iterations)")
     hint_fraction: float = Field(0.25, ge=0, le=1, description="share of each group rolled out with the hint")
     max_turns: int = Field(10, ge=1)
     max_turn_tokens: int = Field(256, ge=8, description="tokens the model may write per turn")
     max_seq_len: int = Field(4096, ge=256, description="prompt + whole episode, in tokens")
-    resample_constant_groups: int = Field(2, ge=0)
+    resample_constant_groups: int = Field(2, ge=0, le=20)
     save_steps: int = Field(5, ge=1, description="checkpoint every N steps (exact resume)")
     log_kl: bool = Field(True, description="log KL(policy || base) on sampled tokens (2 extra forwards)")
     kl_every: int = Field(1, ge=1, description="log the KL every N steps (it costs ~1/3 of a CPU step)")
@@ -376,7 +377,9 @@ class CapabilityGRPO:
 
             shutil.rmtree(adapter)
         tmp.rename(adapter)
-        (self.out / "train_log.json").write_text(json.dumps(log, indent=1))
+        tmp_log = self.out / ".train_log.json.tmp"  # atomic: a kill mid-write must not leave half a log
+        tmp_log.write_text(json.dumps(log, indent=1))
+        tmp_log.replace(self.out / "train_log.json")
         plot_curve(log, curve, f"GRPO: {self.name}")
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 
