@@ -265,3 +265,19 @@ def test_trials_without_sampling_are_refused():
         load_config(overrides={"trials": 2, "agent": {"temperature": 0}})
     assert load_config(preset="demo").trials >= 2 and load_config(preset="paper").trials >= 2
     assert load_config(preset="demo").verify.calibration_gate  # the method's gate, the demo included
+
+
+def test_a_misbehaving_module_is_a_finding_and_the_next_round_comes(tmp_path, sandbox_image, monkeypatch):
+    """Round 1's module kills its own process on one seed: the verify node records findings
+    (it does not raise and get stuck on resume) and round 2 is built and verified."""
+    import graph_doubles
+
+    envs = TESTS / "envs"
+    exits = (envs / "sound.py").read_text() + "\n\n" + (envs / "misbehaving" / "exit_on_seed.py").read_text()
+    answers = iter([f"```python\n{exits}```", f"```python\n{graph_doubles.ENV}```"])
+    monkeypatch.setattr(graph_doubles, "builder_script", lambda: lambda messages, tools: next(answers))
+    st = drive(tmp_path, config(), resume=False, log=lambda *a: None)["state"]
+    env = st["envs"]["lookup_before_answering"]
+    assert env["status"] == "verified" and env["rounds"] == 2
+    r1 = json.loads((tmp_path / "envs/lookup_before_answering/attempt_01/verifier_report.json").read_text())
+    assert not r1["passed"] and "seed 2" in r1["feedback"] and "[crashed]" in r1["feedback"]
