@@ -196,6 +196,14 @@ def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[st
     return out
 
 
+class AnalystError(ValueError):
+    """The analyst model gave no usable answer; `reply` is its last raw answer."""
+
+    def __init__(self, message: str, reply: str = ""):
+        super().__init__(message)
+        self.reply = reply
+
+
 def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3) -> list[Capability]:
     failed = [t for t in trajs if not t.passed]
     passed = [t for t in trajs if t.passed]
@@ -215,7 +223,8 @@ def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: i
             last = str(err)
             msgs = msgs + [{"role": "assistant", "content": cands.model_dump_json()},
                            {"role": "user", "content": f"Fix these problems and answer again: {last}"}]
-    raise ValueError(f"discovery produced no valid candidate list after {attempts} rounds: {last}")
+    raise AnalystError(f"discovery produced no valid candidate list after {attempts} rounds: {last}",
+                       reply=cands.model_dump_json())
 
 
 # ---------------------------------------------------------------- labelling
@@ -253,8 +262,14 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
             {"role": "user", "content": text}]
     want = {(t.key, c.name) for t in batch for c in caps}
     out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
+    from trace_rl.agents.llm import StructuredOutputError
+
+    missing = sorted(want)
     for _ in range(3):
-        got = llm.structured(msgs, LabelBatch, temperature=cfg.label_temperature, seed=seed)
+        try:
+            got = llm.structured(msgs, LabelBatch, temperature=cfg.label_temperature, seed=seed)
+        except StructuredOutputError:  # no parsable answer: what is still missing stays unlabelled
+            break
         for item in got.labels:
             if (item.trajectory, item.capability) in want:
                 out[item.trajectory][item.capability] = item.label.value
@@ -437,12 +452,20 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     t0 = time.perf_counter()
     usage0 = llm.usage.as_dict()
     cand_path = out / "candidates.json"
-    if cand_path.exists():
-        caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
-    else:
-        caps = discover(llm, trajs, cfg)
-        atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-    runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress)
+    from trace_rl.agents.llm import StructuredOutputError
+
+    try:
+        if cand_path.exists():
+            caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
+        else:
+            caps = discover(llm, trajs, cfg)
+            atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
+        runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress)
+    except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
+        atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
+                                                        "reply": getattr(err, "reply", "")})
+        raise AnalystError(f"{str(err).splitlines()[0][:300]} (the model's last reply: {out / 'analyst_error.json'})",
+                           getattr(err, "reply", "")) from None
     outcome = {t.key: t.passed for t in trajs}
     results = aggregate(caps, runs, outcome, cfg)
     usage = {k: llm.usage.as_dict()[k] - usage0[k] for k in usage0}

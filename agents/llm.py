@@ -86,7 +86,11 @@ class Usage:
 
 
 class StructuredOutputError(RuntimeError):
-    pass
+    """No valid answer after the retries; `reply` is the model's last raw answer, for the record."""
+
+    def __init__(self, message: str, reply: str = ""):
+        super().__init__(message)
+        self.reply = reply
 
 
 # ---------------------------------------------------------------- tool calls in text
@@ -286,4 +290,5 @@ class LLM:
                 msgs += [{"role": "assistant", "content": reply.content},
                          {"role": "user", "content": f"That answer was not valid:\n{last[:1500]}\n"
                                                      "Reply again with only the corrected JSON."}]
-        raise StructuredOutputError(f"{schema.__name__}: no valid answer after {attempts} attempts; last error: {last[:1500]}")
+        raise StructuredOutputError(f"{schema.__name__}: no valid answer after {attempts} attempts; last error: "
+                                    f"{last[:1500]}", reply=msgs[-2]["content"] if len(msgs) >= 2 else "")

@@ -98,7 +98,8 @@ def _policy(model: str, base_url: str | None, max_tokens: int, temperature: floa
 def run_eval(benchmark: str, split: str, model: str, base_url: str | None = None, tasks: int = 0,
              task_ids: list[str] | None = None, trials: int = 1, out: str | None = None, concurrency: int = 1,
              max_steps: int = 30, max_tokens: int = 512, temperature: float = 0.0, user_model: str | None = None,
-             user_base_url: str | None = None) -> dict:
+             user_base_url: str | None = None, bench_opts: dict | None = None,
+             passed_threshold: float | None = None) -> dict:
     """Roll out `model` on a benchmark split and write report.json/report.png; returns the report."""
     from pathlib import Path
 
@@ -110,7 +111,7 @@ def run_eval(benchmark: str, split: str, model: str, base_url: str | None = None
     opts = {"max_steps": max_steps}
     if user_model or user_base_url:
         opts["user_llm"] = LLMConfig(model=user_model or model, base_url=user_base_url)
-    bench = load_benchmark(benchmark, **opts)
+    bench = load_benchmark(benchmark, options=bench_opts, offer=opts)
     ids = task_ids or [t.id for t in bench.tasks(split)]
     for tid in ids:
         bench.task(tid, split)  # fail fast, naming the bad id
@@ -120,7 +121,7 @@ def run_eval(benchmark: str, split: str, model: str, base_url: str | None = None
     store = TrajectoryStore(out_dir)
     t0 = time.perf_counter()
     trajs = rollout(bench, _policy(model, base_url, max_tokens, temperature), ids, store, trials=trials,
-                    concurrency=concurrency, split=split)
+                    concurrency=concurrency, split=split, passed_threshold=passed_threshold)
     report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]",
                           extra={"wall_seconds": time.perf_counter() - t0})
     _print_report(report)
@@ -140,7 +141,8 @@ def _print_report(report: dict) -> None:
 
 
 @app.command("eval")
-def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="e.g. tau2:telecom, tau2:airline, tau2:retail"),
+def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, tau2:airline@tau3, an entry point, "
+                                                               "path/to/bench.py:Class or package.module:Class"),
              split: str = typer.Option("test", help="task split (train / test / base ...)"),
              model: str = typer.Option("qwen2.5-coder-0.5b", help="embedded model, .gguf path, or remote name"),
              base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
@@ -151,20 +153,23 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="e.g. tau2:telec
              concurrency: int = typer.Option(1, min=1, help="episodes in flight"),
              max_steps: int = 30, max_tokens: int = 512, temperature: float = 0.0,
              user_model: str = typer.Option(None, help="user-simulator model (airline/retail); default: --model"),
-             user_base_url: str = typer.Option(None, help="endpoint of the user-simulator model")):
+             user_base_url: str = typer.Option(None, help="endpoint of the user-simulator model"),
+             bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
+             passed_threshold: float = typer.Option(None, min=0, max=1, help="pass when reward >= this")):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.evals.benchmark import BenchmarkError
 
     try:
         run_eval(benchmark, split, model, base_url, tasks, task_id, trials, out, concurrency, max_steps,
-                 max_tokens, temperature, user_model, user_base_url)
+                 max_tokens, temperature, user_model, user_base_url, _overrides(bench_opt, "--bench-opt"),
+                 passed_threshold)
     except BenchmarkError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
 
 
 # ---------------------------------------------------------------- the pipeline
-def _overrides(pairs: list[str]) -> dict:
+def _overrides(pairs: list[str], flag: str = "--set") -> dict:
     """`--set grpo.steps=10 --set benchmark=tau2:airline` -> nested dict (values parsed as YAML)."""
     import yaml
 
@@ -173,19 +178,19 @@ def _overrides(pairs: list[str]) -> dict:
     out: dict = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise ConfigError(f"--set takes KEY=VALUE, got {pair!r}")
+            raise ConfigError(f"{flag} takes KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
         node = out
         *parents, leaf = key.strip().split(".")
         for i, part in enumerate(parents):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {pair}: {'.'.join(parents[:i + 1])} was set to a value above; "
+                raise ConfigError(f"{flag} {pair}: {'.'.join(parents[:i + 1])} was set to a value above; "
                                   "set either the section or fields inside it")
         try:
             node[leaf] = yaml.safe_load(value)
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {pair}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
+            raise ConfigError(f"{flag} {pair}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
     return out
 
 
@@ -242,6 +247,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         config: str = typer.Option(None, "--config", "-c", help="YAML/TOML run config (overrides the preset)"),
         run_dir: str = typer.Option(None, help="run directory (default runs/<benchmark>-<time>)"),
         set_: list[str] = typer.Option(None, "--set", help="override one field, e.g. --set grpo.steps=10"),
+        bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (= --set benchmark_options.KEY=VALUE)"),
         auto_approve: bool = typer.Option(None, "--auto-approve/--ask", help="approve every pending item"),
         wait: bool = typer.Option(True, help="wait at approval points (else stop; `trace-rl resume` later)"),
         web: bool = typer.Option(True, help="serve the approval page on 127.0.0.1 while waiting"),
@@ -253,6 +259,8 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
     from trace_rl.graph.config import ConfigError, load_config
 
     over = _overrides(set_)
+    if bench_opt:
+        over["benchmark_options"] = {**over.get("benchmark_options", {}), **_overrides(bench_opt, "--bench-opt")}
     if auto_approve is not None:
         over["auto_approve"] = auto_approve
     try:
@@ -419,6 +427,7 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
 def build(run_dir: str = typer.Argument(..., help="run directory analysed by `trace-rl analyze`"),
           capability: str = typer.Option(None, help="capability name (default: the best kept one)"),
           benchmark: str = typer.Option(None, help="target benchmark (default: that of the failed examples)"),
+          bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
           builder: str = typer.Option("qwen2.5-coder-1.5b", help="env-builder model"),
           builder_url: str = typer.Option(None, help="endpoint serving --builder"),
           max_tokens: int = typer.Option(4096, help="builder answer length"),
@@ -451,7 +460,8 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     trajs = {t.key: t for t in load_trajectories(run_dir)}
     examples = [trajs[k] for k in cap["example_failed_task_ids"] if k in trajs]
     try:
-        bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"))
+        bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
+                               options=_overrides(bench_opt, "--bench-opt"))
     except BenchmarkError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
@@ -548,13 +558,14 @@ def main():
     """The `trace-rl` command: a problem with the input is one line and exit code 2, not a traceback."""
     import sqlite3
 
+    from trace_rl.agents.analyst import AnalystError
     from trace_rl.evals.benchmark import BenchmarkError
     from trace_rl.graph.config import ConfigError
     from trace_rl.graph.pipeline import RunDirError
 
     try:
         app()
-    except (ConfigError, RunDirError, BenchmarkError, FileNotFoundError, sqlite3.DatabaseError) as err:
+    except (ConfigError, RunDirError, BenchmarkError, FileNotFoundError, sqlite3.DatabaseError, AnalystError) as err:
         console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
         raise SystemExit(2) from None
 

@@ -236,3 +236,25 @@ def test_a_gap_without_passed_trajectories_is_no_contrast_not_kept(tmp_path):
     (res,) = analyze(more, ScriptedLLM(_labelling_script(set())), tmp_path / "b", AnalysisConfig(n_runs=2, k=2),
                      progress=False)
     assert res.kept and res.status == "PENDING"
+
+
+def test_an_analyst_that_never_answers_validly_is_one_line_with_its_reply_kept(tmp_path):
+    """An analyst model that only writes prose: one line (the CLI exits 2 with it), the raw reply on disk."""
+    from trace_rl.agents.analyst import AnalystError
+
+    trajs = [traj(i, passed=i % 2 == 0) for i in range(4)]
+    with pytest.raises(AnalystError, match="analyst_error.json") as err:
+        analyze(trajs, ScriptedLLM(lambda m, t: "I think the agent is fine overall."), tmp_path, AnalysisConfig(
+            n_runs=1, k=1), progress=False)
+    assert len(str(err.value).splitlines()) == 1
+    saved = json.loads((tmp_path / "analyst_error.json").read_text())
+    assert "fine overall" in saved["reply"] and saved["error"]
+
+
+def test_a_batch_the_analyst_cannot_label_is_unlabelled_not_a_crash(tmp_path):
+    trajs = [traj(i, passed=i % 2 == 0) for i in range(6)]
+    _write_candidates(tmp_path, _caps("lookup_before_acting"))
+    (res,) = analyze(trajs, ScriptedLLM(lambda m, t: "no json here"), tmp_path, AnalysisConfig(n_runs=1, k=1),
+                     progress=False)
+    out = json.loads((tmp_path / "capabilities.json").read_text())
+    assert out["labelling_runs"][0]["unlabelled"] == 6 and not res.kept
