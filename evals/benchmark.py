@@ -1,9 +1,14 @@
 """The benchmark adapter protocol: what trace-rl needs from any agent benchmark.
 
 A new benchmark is one file: subclass `Benchmark` (tasks + splits) and `Episode`
-(reset / step / score), then `register("name", factory)`. See docs/benchmarks.md.
+(reset / step / score). trace-rl finds it as `--benchmark path/to/file.py:Class`,
+`--benchmark package.module:Class`, through the `trace_rl.benchmarks` entry-point group,
+or by a `register("name", factory)` call. See docs/benchmarks.md.
 Messages are OpenAI chat format throughout; an agent's action is one assistant turn
 (text for the user, or tool calls), exactly what the model produced.
+
+Thread safety: `rollout()` runs episodes in threads, so `episode()` must return independent
+objects and a benchmark's shared state must be safe to read from several threads.
 """
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | None]]:
@@ -73,8 +81,17 @@ class Episode(ABC):
         pass
 
 
+class BenchmarkOptions(BaseModel):
+    """Base of a benchmark's own options (`--bench-opt key=value`, `benchmark_options:` in a config):
+    unknown keys are errors."""
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
 class Benchmark(ABC):
+    """`splits()`, `tasks(split)`, `episode(task_id)`; `trace-rl run` also needs a `train` and a
+    `test` split (or the ones named in the config) and `spec()` for the environment builder."""
     name: str
+    Options: type[BaseModel] | None = None  # the benchmark's options, validated before construction
 
     @abstractmethod
     def splits(self) -> list[str]: ...
@@ -84,6 +101,10 @@ class Benchmark(ABC):
 
     @abstractmethod
     def episode(self, task_id: str) -> Episode: ...
+
+    def task_tools(self, task_id: str) -> list[str] | None:
+        """Names of the tools this task offers, when tasks offer different subsets (None: all of spec()'s)."""
+        return None
 
     def spec(self) -> dict:
         """What a synthesized environment must imitate: {"tools", "policy", "system_prompt"}.
@@ -109,18 +130,100 @@ class BenchmarkError(ValueError):
 
 
 _REGISTRY: dict[str, Callable[..., Benchmark]] = {}
+ENTRY_POINTS = "trace_rl.benchmarks"
 
 
 def register(prefix: str, factory: Callable[..., Benchmark]) -> None:
     _REGISTRY[prefix] = factory
 
 
-def load_benchmark(spec: str, **options) -> Benchmark:
-    """`tau2:telecom` -> the adapter registered for `tau2` with variant `telecom`."""
+def _from_file(path: Path):
+    """Import a benchmark file once (by its absolute path) and return the module."""
+    import importlib.util
+    import sys
+
+    path = path.resolve()
+    name = f"trace_rl_plugin_{abs(hash(str(path)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not path.is_file():
+        raise BenchmarkError(f"benchmark file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise BenchmarkError(f"{path}: cannot import: {type(err).__name__}: {err}") from None
+    return module
+
+
+def resolve(spec: str) -> tuple[Callable[..., Benchmark], str]:
+    """`spec` -> (factory or Benchmark class, variant). Looked up in order: a registered prefix
+    (`tau2:airline`), an entry point of the `trace_rl.benchmarks` group (`toolsandbox`,
+    `toolsandbox:variant`), a file (`path/to/bench.py:Class`), a module (`pkg.mod:Class`)."""
+    import importlib
+    from importlib.metadata import entry_points
+
     from trace_rl.evals import tau2_bench  # noqa: F401  (registers itself)
 
-    prefix, _, variant = spec.partition(":")
-    if prefix not in _REGISTRY:
-        raise BenchmarkError(f"unknown benchmark {spec!r}; known: {', '.join(sorted(_REGISTRY))} "
-                             "(write one with trace_rl.evals.benchmark.register)")
-    return _REGISTRY[prefix](variant, **options)
+    prefix, _, rest = spec.partition(":")
+    if prefix in _REGISTRY:
+        return _REGISTRY[prefix], rest
+    eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
+    known = ", ".join(sorted(set(_REGISTRY) | set(eps)))
+    if prefix in eps:
+        try:
+            return eps[prefix].load(), rest
+        except Exception as err:
+            raise BenchmarkError(f"entry point {prefix!r} ({eps[prefix].value}) cannot load: {err}") from None
+    if rest and (prefix.endswith(".py") or "/" in prefix):
+        module = _from_file(Path(prefix))
+    elif rest and prefix.replace(".", "").replace("_", "").isalnum():
+        try:
+            module = importlib.import_module(prefix)
+        except ImportError as err:
+            raise BenchmarkError(f"unknown benchmark {spec!r}; known: {known}; as package.module:Class it does "
+                                 f"not import ({err})") from None
+    else:
+        raise BenchmarkError(f"unknown benchmark {spec!r}; known: {known}; or give path/to/file.py:Class "
+                             "or package.module:Class")
+    attr, _, variant = rest.partition("@")
+    if not hasattr(module, attr):
+        raise BenchmarkError(f"benchmark {spec!r}: {prefix} has no {attr!r}")
+    return getattr(module, attr), variant
+
+
+def options_model(factory) -> type[BaseModel] | None:
+    return getattr(factory, "Options", None)
+
+
+def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = None, **legacy) -> Benchmark:
+    """The benchmark named by `spec`, built with its validated `options`.
+
+    `offer` holds what the framework can supply (max_steps, user_llm): each is passed only if the
+    benchmark's Options has that field, so a benchmark never receives options it does not take."""
+    factory, variant = resolve(spec)
+    options = {**legacy, **(options or {})}
+    model = options_model(factory)
+    if model is not None:
+        fields = model.model_fields
+        options = {**{k: v for k, v in (offer or {}).items() if k in fields and v is not None}, **options}
+        try:
+            validated = model.model_validate(options)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(options)'}: {e['msg']}" for e in err.errors())
+            raise BenchmarkError(f"{spec}: invalid benchmark options: {problems} "
+                                 f"(its options: {', '.join(fields) or 'none'})") from None
+        options = {k: getattr(validated, k) for k in fields if k in validated.model_fields_set or k in options}
+    elif options and isinstance(factory, type):
+        raise BenchmarkError(f"{spec} takes no options, got {', '.join(sorted(options))}")
+    if isinstance(factory, type) and issubclass(factory, Benchmark):
+        bench = factory(**({"variant": variant} if variant and "variant" in getattr(model, "model_fields", {})
+                           else {}), **options)
+    else:
+        bench = factory(variant, **options)
+    if not isinstance(bench, Benchmark):
+        raise BenchmarkError(f"{spec} built a {type(bench).__name__}, not a trace_rl Benchmark")
+    return bench

@@ -5,6 +5,13 @@ tau2's Orchestrator does, and scores with tau2's own `evaluate_simulation` (DB-s
 hash, communicated substrings, actions; no LLM). telecom runs in solo mode by default:
 the ticket is in the system prompt, there is no user simulator, and the agent ends by
 calling `done`. airline and retail need a user-simulator LLM (the embedded model by default).
+
+Task sets: `tau2:airline` is the package's tasks; `tau2:airline@tau3` / `tau2:retail@tau3` are
+upstream's fixed "τ³-bench 1.0.0" tasks (evals/data/tau3/, MIT), on the same db, policy and
+splits, with retail's extra read tool `get_item_details`. 112 τ³ retail tasks are also scored by
+natural-language assertions, which need an LLM judge: off by default (`nl_judge=false`), the DB
+part alone is scored and every score says so; with `nl_judge=true` the user-simulator's model
+judges them.
 """
 from __future__ import annotations
 
@@ -17,7 +24,11 @@ from functools import lru_cache
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, Episode, Observation, Score, Task,
+from typing import Any
+
+from pydantic import Field
+
+from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task,
                                      decode_tool_calls, register)
 
 DOMAINS = ("airline", "retail", "telecom")
@@ -42,12 +53,77 @@ def _quiet_tau2() -> None:
     logger.add(sys.stderr, level="ERROR")
 
 
+TASK_SETS = ("tau2", "tau3")
+TAU3_DOMAINS = ("airline", "retail")
+
+
+def env_domain(domain: str, task_set: str) -> str:
+    """The tau2 registry name whose environment the task set needs (τ³ retail has one more tool)."""
+    return f"{domain}_tau3" if task_set == "tau3" else domain
+
+
 @lru_cache(maxsize=None)
-def _tau2_tasks(domain: str, split: str):
+def _register_tau3() -> None:
+    """τ³ environments in tau2's registry, so tau2's own evaluator replays gold actions with them."""
+    _quiet_tau2()
+    from tau2.domains.airline.environment import get_environment as airline_env
+    from tau2.domains.retail.data_model import RetailDB, Variant
+    from tau2.domains.retail.tools import RetailTools
+    from tau2.domains.retail.utils import RETAIL_DB_PATH, RETAIL_POLICY_PATH
+    from tau2.environment.environment import Environment
+    from tau2.environment.toolkit import ToolType, is_tool
+    from tau2.registry import registry
+
+    class Tau3RetailTools(RetailTools):
+        @is_tool(ToolType.READ)
+        def get_item_details(self, item_id: str) -> Variant:
+            """Get the inventory details of an item.
+
+            Args:
+                item_id: The item id, such as '6086499569'. Be careful the item id is different from the product id.
+
+            Returns:
+                Variant: The item details.
+
+            Raises:
+                ValueError: If the item is not found.
+            """
+            for product in self.db.products.values():
+                if item_id in product.variants:
+                    return product.variants[item_id]
+            raise ValueError("Item not found")
+
+    def retail_env(db=None, solo_mode: bool = False):
+        if solo_mode:
+            raise ValueError("Retail domain does not support solo mode")
+        with open(RETAIL_POLICY_PATH) as fp:
+            policy = fp.read()
+        return Environment(domain_name="retail", policy=policy, tools=Tau3RetailTools(db or RetailDB.load(RETAIL_DB_PATH)))
+
+    for name, fn in (("airline_tau3", airline_env), ("retail_tau3", retail_env)):
+        if name not in registry.get_domains():
+            registry.register_domain(fn, name)
+
+
+@lru_cache(maxsize=None)
+def _tau3_all(domain: str) -> dict:
+    from importlib import resources
+
+    from tau2.data_model.tasks import Task as Tau2Task
+
+    raw = json.loads((resources.files("trace_rl.evals") / "data" / "tau3" / domain / "tasks.json").read_text())
+    return {t["id"]: Tau2Task.model_validate(t) for t in raw}
+
+
+@lru_cache(maxsize=None)
+def _tau2_tasks(domain: str, split: str, task_set: str = "tau2"):
     _quiet_tau2()
     from tau2.registry import registry
 
     try:
+        if task_set == "tau3":
+            ids = registry.get_task_splits_loader(domain)()[split]
+            return tuple(_tau3_all(domain)[i] for i in ids)
         return tuple(registry.get_tasks_loader(domain)(split))
     except (ValueError, KeyError) as err:
         raise BenchmarkError(f"tau2:{domain} has no split {split!r} ({err})") from None
@@ -68,14 +144,15 @@ def _now() -> str:
 
 class Tau2Episode(Episode):
     def __init__(self, domain: str, task, solo: bool, user_llm: str | None, user_llm_args: dict | None,
-                 max_steps: int = 30, max_errors: int = 10):
+                 max_steps: int = 30, max_errors: int = 10, task_set: str = "tau2", nl_judge=None):
         from tau2.agent.llm_agent import AGENT_INSTRUCTION, AGENT_SOLO_INSTRUCTION, SYSTEM_PROMPT, SYSTEM_PROMPT_SOLO
         from tau2.registry import registry
 
-        self.domain, self.task, self.solo = domain, task, solo
+        self.domain, self.task, self.solo = env_domain(domain, task_set), task, solo
         self.user_llm, self.user_llm_args = user_llm, dict(user_llm_args or {})
         self.max_steps, self.max_errors = max_steps, max_errors
-        self.env = registry.get_env_constructor(domain)(solo_mode=solo)
+        self.nl_judge = nl_judge  # an LLM judging NL assertions, or None (then only the rest is scored)
+        self.env = registry.get_env_constructor(self.domain)(solo_mode=solo)
         tools = self.env.get_tools()
         if solo and self.env.user_tools:
             tools = tools + self.env.get_user_tools()
@@ -227,27 +304,87 @@ class Tau2Episode(Episode):
                              duration=0.0, termination_reason=TerminationReason(reason), messages=msgs)
 
     def score(self, termination: str) -> Score:
+        from tau2.data_model.tasks import RewardType
         from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 
-        info = evaluate_simulation(self.simulation(termination), self.task, EvaluationType.ALL,
-                                   solo_mode=self.solo, domain=self.domain)
+        sim = self.simulation(termination)
+        task, nl = self.task, None
+        crit = task.evaluation_criteria
+        if crit is not None and RewardType.NL_ASSERTION in (crit.reward_basis or []):
+            # tau2 would call its hard-wired judge: score the rest with tau2, the assertions with ours (or not)
+            task = task.model_copy(update={"evaluation_criteria": crit.model_copy(update={
+                "reward_basis": [b for b in crit.reward_basis if b != RewardType.NL_ASSERTION]})})
+            nl = judge_nl_assertions(self.nl_judge, sim.messages, crit.nl_assertions or []) if self.nl_judge else None
+        info = evaluate_simulation(sim, task, EvaluationType.ALL, solo_mode=self.solo, domain=self.domain)
+        reward = float(info.reward)
         reasons = {"termination": termination, "reward_breakdown": {str(k.value if hasattr(k, "value") else k): v
                                                                     for k, v in (info.reward_breakdown or {}).items()}}
+        if task is not self.task:
+            if nl is None:
+                reasons["nl_assertions"] = "not judged (nl_judge off): the DB part alone was scored"
+            else:
+                reasons["nl_assertions"] = nl
+                reward *= nl["reward"]
         if info.info:
             reasons["info"] = json.loads(json.dumps(info.info, default=str))
         if info.action_checks:
             reasons["actions_missed"] = [c.action.name for c in info.action_checks if not c.action_match]
-        return Score(reward=float(info.reward), passed=info.reward >= 1.0 - 1e-6, reasons=reasons)
+        return Score(reward=reward, passed=reward >= 1.0 - 1e-6, reasons=reasons)
+
+
+def judge_nl_assertions(llm, messages, assertions: list[str]) -> dict:
+    """τ³'s natural-language assertions judged by `llm` (schema-validated): reward 1 when all are met."""
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        assertion: str
+        met: bool
+        reasoning: str = ""
+
+    class Verdicts(BaseModel):
+        results: list[Verdict]
+
+    convo = "\n".join(f"[{m.role}] {m.content or ''}" + (f" CALLS {[(t.name, t.arguments) for t in m.tool_calls]}"
+                                                        if getattr(m, "tool_calls", None) else "")
+                      for m in messages if m.role in ("user", "assistant"))
+    prompt = [{"role": "system", "content": "You judge whether a customer-service conversation meets each expected "
+                                            "outcome. Answer with JSON: {\"results\": [{\"assertion\": ..., "
+                                            "\"met\": true|false, \"reasoning\": ...}]}, one entry per outcome, "
+                                            "in order."},
+              {"role": "user", "content": f"conversation:\n{convo[-12000:]}\n\nexpected outcomes:\n"
+                                          + "\n".join(f"- {a}" for a in assertions)}]
+    got = llm.structured(prompt, Verdicts)
+    met = [v.met for v in got.results[: len(assertions)]]
+    met += [False] * (len(assertions) - len(met))  # an outcome it did not judge is not met
+    return {"reward": float(all(met)), "checks": [{"assertion": a, "met": m} for a, m in zip(assertions, met)],
+            "judge": getattr(llm, "name", "llm")}
+
+
+class Tau2Options(BenchmarkOptions):
+    solo: bool | None = Field(None, description="telecom solo mode (default on for telecom)")
+    user_llm: Any = Field(None, description="user simulator: an LLMConfig or a litellm model string")
+    max_steps: int = Field(30, ge=1, le=1000)
+    nl_judge: bool = Field(False, description="τ³ retail: judge NL assertions with the user-simulator model")
 
 
 class Tau2Benchmark(Benchmark):
-    """`tau2:<domain>`; options: solo (telecom default True), user_llm (an LLMConfig or litellm string)."""
+    """`tau2:<domain>[@tau3]`; options: solo (telecom default True), user_llm (an LLMConfig or litellm
+    string), max_steps, nl_judge (τ³ retail only)."""
+    Options = Tau2Options
 
-    def __init__(self, domain: str, solo: bool | None = None, user_llm=None, max_steps: int = 30):
+    def __init__(self, domain: str, solo: bool | None = None, user_llm=None, max_steps: int = 30,
+                 task_set: str = "tau2", nl_judge: bool = False):
         if domain not in DOMAINS:
             raise BenchmarkError(f"unknown tau2 domain {domain!r}; choose one of {', '.join(DOMAINS)}")
-        self.domain = domain
-        self.name = f"tau2:{domain}"
+        if task_set not in TASK_SETS:
+            raise BenchmarkError(f"unknown tau2 task set {task_set!r}; choose one of {', '.join(TASK_SETS)}")
+        if task_set == "tau3":
+            if domain not in TAU3_DOMAINS:
+                raise BenchmarkError(f"τ³ has tasks for {', '.join(TAU3_DOMAINS)} only (telecom is unchanged: "
+                                     "use tau2:telecom)")
+            _register_tau3()
+        self.domain, self.task_set, self.nl_judge = domain, task_set, nl_judge
+        self.name = f"tau2:{domain}" + ("@tau3" if task_set == "tau3" else "")
         self.solo = domain in SOLO_DOMAINS if solo is None else solo
         if self.solo and domain not in SOLO_DOMAINS:
             raise BenchmarkError(f"tau2:{domain} has no solo mode (only {', '.join(SOLO_DOMAINS)}); "
@@ -262,7 +399,7 @@ class Tau2Benchmark(Benchmark):
         if split not in self.splits():
             raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
         out = []
-        for t in _tau2_tasks(self.domain, split):
+        for t in _tau2_tasks(self.domain, split, self.task_set):
             d = t.description
             desc = (d.purpose or "") if d is not None else ""
             out.append(Task(id=t.id, benchmark=self.name, split=split, description=desc or (t.ticket or "")[:300]))
@@ -270,31 +407,20 @@ class Tau2Benchmark(Benchmark):
 
     def _tau2_task(self, task_id: str):
         for split in self.splits():
-            for t in _tau2_tasks(self.domain, split):
+            for t in _tau2_tasks(self.domain, split, self.task_set):
                 if t.id == task_id:
                     return t
         raise BenchmarkError(f"{self.name}: unknown task id {task_id!r}")
 
-    def _user_llm(self) -> tuple[str, dict]:
-        """The user simulator as a litellm model string + args (an OpenAI-compatible endpoint)."""
-        from trace_rl.agents.llm import LLMConfig, local_endpoint
-
-        cfg = self.user_llm
-        if isinstance(cfg, str):
-            return cfg, {"temperature": 0.0}
-        cfg = cfg or LLMConfig(model="qwen2.5-coder-0.5b")
-        if cfg.base_url:
-            base, name = cfg.base_url, cfg.model
-        else:
-            base, name = local_endpoint(cfg.model, cfg.n_ctx, instance="user-simulator")
-        return f"openai/{name}", {"api_base": base, "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY", "sk-local"),
-                                  "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
-
     def episode(self, task_id: str, with_user: bool = True) -> Tau2Episode:
         """`with_user=False` skips resolving the user simulator (for `replay`)."""
+        from trace_rl.evals.user_sim import litellm_user, user_llm
+
         task = self._tau2_task(task_id)
-        user_llm, user_args = (None, None) if self.solo or not with_user else self._user_llm()
-        return Tau2Episode(self.domain, task, self.solo, user_llm, user_args, max_steps=self.max_steps)
+        user_model, user_args = (None, None) if self.solo or not with_user else litellm_user(self.user_llm)
+        judge = user_llm(self.user_llm) if self.nl_judge and with_user else None
+        return Tau2Episode(self.domain, task, self.solo, user_model, user_args, max_steps=self.max_steps,
+                           task_set=self.task_set, nl_judge=judge)
 
     def spec(self) -> dict:
         ep = self.episode(self.tasks(self.splits()[0])[0].id, with_user=False)
@@ -308,4 +434,11 @@ class Tau2Benchmark(Benchmark):
                  "function": {"name": a.name, "arguments": json.dumps(a.arguments)}} for a in actions]
 
 
-register("tau2", lambda variant, **kw: Tau2Benchmark(variant or "telecom", **kw))
+def _factory(variant: str, **options) -> Tau2Benchmark:
+    """`telecom`, `airline`, `retail`, `airline@tau3`, `retail@tau3`."""
+    domain, _, task_set = (variant or "telecom").partition("@")
+    return Tau2Benchmark(domain, task_set=task_set or "tau2", **options)
+
+
+_factory.Options = Tau2Options
+register("tau2", _factory)

@@ -49,7 +49,11 @@ class ComposeSettings(Strict):
 
 
 class RunConfig(Strict):
-    benchmark: str = Field("tau2:telecom", description="target benchmark, e.g. tau2:telecom, tau2:airline")
+    benchmark: str = Field("tau2:telecom", description="target benchmark: tau2:telecom, tau2:airline@tau3, an entry "
+                                                     "point name, path/to/bench.py:Class or package.module:Class")
+    benchmark_options: dict = Field(default_factory=dict, description="the benchmark's own options (validated by it)")
+    passed_threshold: float | None = Field(None, ge=0, le=1, description="an episode passes when its reward is at "
+                                           "least this (benchmarks with continuous scores); unset = the benchmark's rule")
     rollout_split: str = Field("train", description="tasks the base agent is rolled out on for analysis")
     eval_split: str = Field("test", description="tasks for the final base-vs-composed evaluation")
     rollout_tasks: int = Field(0, ge=0, description="first N tasks of rollout_split (0 = all)")
@@ -100,7 +104,7 @@ class RunConfig(Strict):
 
 # what each stage's cached output depends on (besides everything the stages before it depend on)
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
-    "rollout": ("benchmark", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
+    "rollout": ("benchmark", "benchmark_options", "passed_threshold", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
                 "agent", "components"),
     "analyse": ("analyst", "analysis"),
     "synthesise": ("builder", "reviewer", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
@@ -251,7 +255,7 @@ def load_config(path: str | Path | None = None, preset: str | None = None, overr
             raise ConfigError(f"components: cannot import {cfg.components!r}: {err}") from None
 
     try:
-        bench = load_benchmark(cfg.benchmark)
+        bench = load_benchmark(cfg.benchmark, options=cfg.benchmark_options)
         for split, field in ((cfg.rollout_split, "rollout_split"), (cfg.eval_split, "eval_split")):
             if split not in bench.splits():
                 raise ConfigError(f"{field}: {cfg.benchmark} has no split {split!r}; choose one of "

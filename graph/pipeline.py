@@ -115,7 +115,8 @@ def default_components(cfg: RunConfig) -> Components:
     agent = LLM(LLMConfig(model=cfg.base_model, base_url=cfg.base_url, max_tokens=cfg.agent.max_tokens,
                           temperature=cfg.agent.temperature))
     return Components(
-        benchmark=load_benchmark(cfg.benchmark, **opts), agent=agent, analyst=llm(cfg.analyst),
+        benchmark=load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts), agent=agent,
+        analyst=llm(cfg.analyst),
         builder=llm(cfg.builder), reviewer=llm(cfg.reviewer or cfg.builder),
         calibration=agent if cfg.calibrate else None,
         load_base=lambda: load_base(cfg.train_model or cfg.base_model))
@@ -164,7 +165,7 @@ class Pipeline:
             policy = self._composition().policy("moe")
         out = self.it(s) / "rollouts"
         trajs = rollout(bench, policy, ids, TrajectoryStore(out), trials=cfg.trials,
-                        concurrency=cfg.agent.concurrency, split=cfg.rollout_split)
+                        concurrency=cfg.agent.concurrency, split=cfg.rollout_split, passed_threshold=cfg.passed_threshold)
         report = write_report(trajs, out, title=f"{policy.name} on {bench.name} [{cfg.rollout_split}]")
         figs = next(iter(report["groups"].values()))
         return {"rollout_figures": [{"iteration": s.get("iteration", 0), "model": policy.name,
@@ -453,7 +454,7 @@ class Pipeline:
         for mode, policy in policies.items():
             n = cfg.eval_mode_tasks.get(mode)
             trajs = rollout(bench, policy, ids[:n] if n else ids, TrajectoryStore(self.it(s) / "eval" / mode), trials=trials,
-                            split=cfg.eval_split)
+                            split=cfg.eval_split, passed_threshold=cfg.passed_threshold)
             series[mode] = summarize(trajs)
             results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name}
         results.update({m: {"skipped": why} for m, why in skipped.items()})

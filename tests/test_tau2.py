@@ -2,7 +2,9 @@ import pytest
 
 from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
 
-FLOORS = {"airline": (50, 19), "retail": (114, 7), "telecom": (114, 0)}
+FLOORS = {"airline": (50, 19), "retail": (114, 7), "telecom": (114, 0),
+          # τ³-bench 1.0.0's fixed tasks (evals/data/tau3/): measured here, DB part only for retail's NL tasks
+          "airline@tau3": (50, 23), "retail@tau3": (114, 7)}
 
 
 def test_splits_and_task_counts():
@@ -22,6 +24,39 @@ def test_unknown_benchmark_errors(spec, match):
         load_benchmark(spec)
 
 
+def test_tau3_task_sets_load_the_fixed_tasks_and_the_new_tool():
+    b = load_benchmark("tau2:retail@tau3")
+    assert b.name == "tau2:retail@tau3" and (len(b.tasks("train")), len(b.tasks("test"))) == (74, 40)
+    ep = b.episode(b.tasks("base")[0].id, with_user=False)
+    assert "get_item_details" in {t["function"]["name"] for t in ep.tools}
+    assert "get_item_details" not in {t["function"]["name"] for t in
+                                      load_benchmark("tau2:retail").episode(b.tasks("base")[0].id, with_user=False).tools}
+    with pytest.raises(BenchmarkError, match="τ³ has tasks for airline, retail only"):
+        load_benchmark("tau2:telecom@tau3")
+    with pytest.raises(BenchmarkError, match="invalid benchmark options: nl_judgee"):
+        load_benchmark("tau2:retail@tau3", options={"nl_judgee": True})
+
+
+def test_tau3_nl_assertions_are_judged_only_when_asked():
+    """Off: the DB part alone is scored, and the score says so. On: a judge (here scripted) decides."""
+    import json
+
+    from doubles import ScriptedLLM
+
+    b = load_benchmark("tau2:retail@tau3")
+    tid = next(t.id for t in b.tasks("base") if t.id == "21")
+    ep = b.episode(tid, with_user=False)
+    off = ep.replay(b.gold_actions(tid), ep.gold_say())
+    assert off.passed and off.reasons["nl_assertions"].startswith("not judged")
+    n = len(ep.task.evaluation_criteria.nl_assertions)
+    for met, passed in ((True, True), (False, False)):
+        ep = b.episode(tid, with_user=False)
+        ep.nl_judge = ScriptedLLM(lambda m, t, met=met: json.dumps({"results": [
+            {"assertion": "x", "met": met, "reasoning": ""}] * n}))
+        sc = ep.replay(b.gold_actions(tid), ep.gold_say())
+        assert sc.passed is passed and sc.reasons["nl_assertions"]["reward"] == float(met)
+
+
 def test_unknown_split_and_task_errors():
     b = load_benchmark("tau2:telecom")
     with pytest.raises(BenchmarkError, match="no split 'dev'.*train"):
@@ -29,7 +64,7 @@ def test_unknown_split_and_task_errors():
     with pytest.raises(BenchmarkError, match="unknown task id 'nope'"):
         b.episode("nope")
     with pytest.raises(BenchmarkError, match="no solo mode"):
-        load_benchmark("tau2:airline", solo=True)
+        load_benchmark("tau2:airline", options={"solo": True})
 
 
 def test_solo_episode_tools_and_stop():
@@ -47,7 +82,7 @@ def test_solo_episode_tools_and_stop():
 
 
 def _replay_domain(domain):
-    b = load_benchmark(f"tau2:{domain}")
+    b = load_benchmark(f"tau2:{domain}")  # domain may carry a task set: airline@tau3
     tasks = b.tasks("base")
     gold = floor = 0
     for t in tasks:

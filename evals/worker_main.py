@@ -1,0 +1,72 @@
+"""The worker side of a benchmark that lives in another Python (stdlib only: it runs there).
+
+    /other/venv/bin/python worker_main.py path/to/side.py:Class      (or package.module:Class)
+
+`Class()` has splits(), tasks(split) -> [{"id", "description"}], episode(task_id) -> an object
+with reset() -> {"system_prompt", "tools", "messages", ["done", "reason"]},
+step(content, tool_calls) -> {"messages", "done", "reason"}, score(termination) ->
+{"reward", "passed", "reasons"} and optionally close(); spec() is optional.
+Requests, one JSON object per line on stdin: {"id", "op", "args"}; replies on stdout:
+{"id", "ok": true, "result"} or {"id", "ok": false, "error", "message"}. Anything the
+benchmark prints goes to stderr, so it cannot corrupt the protocol.
+"""
+import importlib
+import importlib.util
+import itertools
+import json
+import os
+import sys
+import traceback
+
+
+def load(target):
+    where, _, attr = target.rpartition(":")
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("trace_rl_worker_side", where)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, attr)()
+
+
+def main():
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    bench = load(sys.argv[1])
+    episodes, ids = {}, itertools.count(1)
+
+    def open_episode(task_id):
+        eid = next(ids)
+        episodes[eid] = bench.episode(task_id)
+        return eid
+
+    ops = {
+        "splits": lambda: list(bench.splits()),
+        "tasks": lambda split: list(bench.tasks(split)),
+        "spec": lambda: bench.spec() if hasattr(bench, "spec") else None,
+        "open": open_episode,
+        "reset": lambda eid: episodes[eid].reset(),
+        "step": lambda eid, content, tool_calls: episodes[eid].step(content, tool_calls),
+        "score": lambda eid, termination: episodes[eid].score(termination),
+        "close": lambda eid: getattr(episodes.pop(eid, None), "close", lambda: None)(),
+        "pid": lambda: os.getpid(),
+    }
+    proto.write(json.dumps({"id": 0, "ok": True, "result": "ready"}) + "\n")
+    for line in sys.stdin:
+        rid = None
+        try:
+            req = json.loads(line)
+            rid = req.get("id")
+            out = json.dumps({"id": rid, "ok": True, "result": ops[req["op"]](*req.get("args", []))}, allow_nan=False)
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            out = json.dumps({"id": rid, "ok": False, "error": type(e).__name__, "message": str(e)[:2000],
+                              "traceback": traceback.format_exc()[-3000:]})
+        proto.write(out + "\n")
+
+
+if __name__ == "__main__":
+    main()
