@@ -109,12 +109,16 @@ class Benchmark(ABC):
     def spec(self) -> dict:
         """What a synthesized environment must imitate: {"tools", "policy", "system_prompt"}.
         The default reads one episode of the first split; adapters may answer more cheaply."""
-        ep = self.episode(self.tasks(self.splits()[0])[0].id)
+        first = self.tasks(self.splits()[0])[0].id
+        ep = self.episode(first)
         try:
             ep.reset()
-            return {"tools": ep.tools, "policy": ep.system_prompt, "system_prompt": ep.system_prompt}
+            out = {"tools": ep.tools, "policy": ep.system_prompt, "system_prompt": ep.system_prompt}
         finally:
             ep.close()
+        if self.task_tools(first) is not None:  # tasks offer subsets: which task offers which tools
+            out["task_tools"] = {t.id: self.task_tools(t.id) for split in self.splits() for t in self.tasks(split)}
+        return out
 
     def task(self, task_id: str, split: str | None = None) -> Task:
         for s in [split] if split else self.splits():

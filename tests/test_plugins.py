@@ -111,3 +111,16 @@ def test_framework_options_are_offered_only_to_benchmarks_that_take_them(plugin,
     assert b.quality == 0.5  # not given max_steps / user_llm, which it does not take
     t = load_benchmark("tau2:telecom", offer={"max_steps": 7})
     assert t.max_steps == 7
+
+
+def test_spec_lists_per_task_tool_subsets(plugin, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin))
+    import quality_bench
+
+    class Subsets(quality_bench.QualityBench):
+        def task_tools(self, task_id):
+            return ["search"] if task_id.endswith("0") else ["search", "book"]
+
+    spec = Subsets().spec()
+    assert spec["task_tools"]["test-0"] == ["search"] and spec["task_tools"]["train-2"] == ["search", "book"]
+    assert "task_tools" not in quality_bench.QualityBench().spec()
