@@ -217,7 +217,7 @@ def library_match(capability: dict, target: str, min_shared: int = 4, min_share:
     `min_shared` content words (no stop words), and `min_share` of the capability's, shared with
     its name and docstring. Returns {"path", "name", "description", "why"}; the adapter is then named
     and described after the library capability, not the discovered one."""
-    domain = target.split(":")[-1]
+    domain = target.split(":")[-1].split("@")[0]  # tau2:airline@tau3 -> airline
     name = capability["name"]
     words = content_words(name + " " + capability.get("description", ""))
     best = None

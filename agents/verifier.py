@@ -190,12 +190,15 @@ class Probe:
             return r["reward"], tr
         except SandboxError as err:
             self.failures.append(f"seed {seed} ({policy_name}): {str(err).splitlines()[0][:300]}")
-            if not self.session.alive:
+            while not self.session.alive:
                 self.dead += 1
                 self.session.close()
                 if self.dead >= self.max_dead:
                     raise GaveUp(f"{self.dead} sessions died; the remaining checks were not run") from None
-                self.session = self._new()
+                try:
+                    self.session = self._new()
+                except SandboxError as again:  # the module failed to load this time: counts as one more death
+                    self.failures.append(f"reload after seed {seed}: {str(again).splitlines()[0][:300]}")
             return 0.0, []
 
     def close(self) -> None:

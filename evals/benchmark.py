@@ -224,8 +224,12 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
     elif options and isinstance(factory, type):
         raise BenchmarkError(f"{spec} takes no options, got {', '.join(sorted(options))}")
     if isinstance(factory, type) and issubclass(factory, Benchmark):
-        bench = factory(**({"variant": variant} if variant and "variant" in getattr(model, "model_fields", {})
-                           else {}), **options)
+        if variant and "variant" not in getattr(model, "model_fields", {}):
+            raise BenchmarkError(f"{spec}: {factory.__name__} takes no @variant (its options: "
+                                 f"{', '.join(getattr(model, 'model_fields', {})) or 'none'})")
+        if variant and "variant" in options:
+            raise BenchmarkError(f"{spec}: the variant is given twice (@{variant} and the variant option)")
+        bench = factory(**({"variant": variant} if variant else {}), **options)
     else:
         bench = factory(variant, **options)
     if not isinstance(bench, Benchmark):

@@ -39,7 +39,8 @@ class TrajectoryStore:
         self.quarantine_path = self.dir / "quarantine.jsonl"
         self._lock = threading.Lock()
         self._items: dict[str, Trajectory] = {}
-        self._torn = 0  # bytes of an unterminated last line, repaired at the next append
+        self._torn = 0  # bytes of a torn last line, repaired at the next append
+        self._unterminated = 0  # the last line is a whole episode without its newline
         self._log = log or (lambda msg: print(msg, file=__import__("sys").stderr))
         self._load()
 
@@ -67,8 +68,15 @@ class TrajectoryStore:
             return
         data = self.path.read_bytes()
         lines = data.split(b"\n")
-        tail = lines.pop()  # b"" when the file ends with a newline; else a torn last line
-        self._torn = len(tail)
+        tail = lines.pop()  # b"" when the file ends with a newline; else a torn (or unterminated) last line
+        self._torn = self._unterminated = 0
+        if tail:
+            try:
+                t = Trajectory.from_dict(json.loads(tail))
+                self._items[t.key] = t
+                self._unterminated = 1  # a whole episode, only its newline missing: kept, terminated at append
+            except Exception:
+                self._torn = len(tail)
         bad = []
         for n, raw in enumerate(lines, 1):
             try:
@@ -125,6 +133,9 @@ class TrajectoryStore:
             if self._torn:
                 self._repair_torn_tail()
             with open(self.path, "ab") as f:
+                if self._unterminated:
+                    f.write(b"\n")
+                    self._unterminated = 0
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
+from trace_rl.agents.llm import LLMConfig
 from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task,
                                      decode_tool_calls, register)
 
@@ -362,7 +363,8 @@ def judge_nl_assertions(llm, messages, assertions: list[str]) -> dict:
 
 class Tau2Options(BenchmarkOptions):
     solo: bool | None = Field(None, description="telecom solo mode (default on for telecom)")
-    user_llm: Any = Field(None, description="user simulator: an LLMConfig or a litellm model string")
+    user_llm: LLMConfig | str | None = Field(None, description="user simulator: an LLMConfig (or its fields) or a "
+                                                               "litellm model string")
     max_steps: int = Field(30, ge=1, le=1000)
     nl_judge: bool = Field(False, description="τ³ retail: judge NL assertions with the user-simulator model")
 
@@ -389,8 +391,12 @@ class Tau2Benchmark(Benchmark):
         if self.solo and domain not in SOLO_DOMAINS:
             raise BenchmarkError(f"tau2:{domain} has no solo mode (only {', '.join(SOLO_DOMAINS)}); "
                                  "set solo=false and give a user_llm")
+        if nl_judge and isinstance(user_llm, str):
+            raise BenchmarkError("nl_judge=true needs the user simulator as a model trace-rl reaches (an embedded "
+                                 "name via --user-model, or model + base_url), not a litellm string")
         self.user_llm = user_llm
         self.max_steps = max_steps
+        self._judge = None
 
     def splits(self) -> list[str]:
         return list(_tau2_splits(self.domain))
@@ -418,7 +424,9 @@ class Tau2Benchmark(Benchmark):
 
         task = self._tau2_task(task_id)
         user_model, user_args = (None, None) if self.solo or not with_user else litellm_user(self.user_llm)
-        judge = user_llm(self.user_llm) if self.nl_judge and with_user else None
+        if self.nl_judge and with_user and self._judge is None:
+            self._judge = user_llm(self.user_llm)  # one client for every episode (its server is shared)
+        judge = self._judge if self.nl_judge and with_user else None
         return Tau2Episode(self.domain, task, self.solo, user_model, user_args, max_steps=self.max_steps,
                            task_set=self.task_set, nl_judge=judge)
 

@@ -52,9 +52,13 @@ class Worker:
         self.stderr: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
         self._ids = 0
-        ready = self._read(0, "start")
-        if ready != "ready":
-            raise WorkerError("protocol", f"the worker did not start: {ready!r}")
+        try:
+            ready = self._read(0, "start")
+            if ready != "ready":
+                raise WorkerError("protocol", f"the worker did not start: {ready!r}")
+        except BaseException:
+            self.kill()
+            raise
 
     def _drain(self) -> None:
         for line in self.proc.stderr:

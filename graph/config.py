@@ -108,7 +108,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
                 "agent", "components"),
     "analyse": ("analyst", "analysis"),
     "synthesise": ("builder", "reviewer", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
-                   "train_unkept", "approvals"),
+                   "train_unkept"),
     "train": ("train_model", "grpo", "train_seeds", "heldout_seeds"),
     "compose": ("compose",),
     "evaluate": ("eval_split", "eval_tasks", "eval_trials", "eval_modes", "eval_mode_tasks"),
@@ -121,6 +121,8 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
     import hashlib
 
     data, out, chain = cfg.model_dump(mode="json"), {}, ""
+    for section in ("agent", "analysis"):  # how many calls run at once changes no result
+        data[section].pop("concurrency", None)
     for stage, fields in STAGE_FIELDS.items():
         chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields}, sort_keys=True)).encode()).hexdigest()
         out[stage] = chain[:16]
@@ -256,10 +258,12 @@ def load_config(path: str | Path | None = None, preset: str | None = None, overr
 
     try:
         bench = load_benchmark(cfg.benchmark, options=cfg.benchmark_options)
+        splits = bench.splits()
+        getattr(bench, "close", lambda: None)()  # a worker benchmark started a process just to answer
         for split, field in ((cfg.rollout_split, "rollout_split"), (cfg.eval_split, "eval_split")):
-            if split not in bench.splits():
+            if split not in splits:
                 raise ConfigError(f"{field}: {cfg.benchmark} has no split {split!r}; choose one of "
-                                  f"{', '.join(bench.splits())}")
+                                  f"{', '.join(splits)}")
     except BenchmarkError as err:
         raise ConfigError(f"benchmark: {err}") from None
     return cfg

@@ -403,7 +403,10 @@ class Pipeline:
             self.log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
             return {"composition": None, "gates_untrained": None}
         # each adapter is named and described after the environment it really trained on
-        names = {k: (v.get("trained_on") or {}).get("name", k) for k, v in trained.items()}
+        names: dict[str, str] = {}
+        for k, v in trained.items():  # two capabilities substituted by one library env keep apart
+            want = (v.get("trained_on") or {}).get("name", k)
+            names[k] = want if want not in names.values() else f"{want}@{k}"
         manifest = out / "manifest.json"
         if manifest.is_file() and json.loads(manifest.read_text())["adapters"] == list(names.values()):
             return {"composition": str(out), "gates_untrained": gates_untrained(out)}
@@ -659,8 +662,10 @@ def check_run_dir(run_dir: Path) -> None:
         try:
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
             try:
-                con.execute("PRAGMA quick_check").fetchall()
+                check = con.execute("PRAGMA quick_check").fetchall()
                 con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                if check != [("ok",)]:
+                    raise sqlite3.DatabaseError(str(check[:3]))
             finally:
                 con.close()
         except sqlite3.DatabaseError as err:
@@ -761,10 +766,13 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     from trace_rl.graph.config import STAGE_FIELDS, stage_fingerprints
 
     path, new = run_dir / "stages.json", stage_fingerprints(cfg)
-    if not (run_dir / "graph.sqlite").exists():
+    if path.is_file():  # even without a checkpoint: outputs on disk must match the config that made them
+        old = read_json_file(path, "remove it only if every stage's output may be reused")
+    elif (run_dir / "graph.sqlite").exists():
+        old = saved_fingerprints(run_dir)
+    else:
         atomic_write_json(path, new)
         return []
-    old = json.loads(path.read_text()) if path.is_file() else saved_fingerprints(run_dir)
     stages = list(STAGE_FIELDS)
     changed = [st for st in stages if old.get(st) != new[st]]
     if not changed:
@@ -775,8 +783,9 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     fields = [f for f in STAGE_FIELDS[changed[0]] if saved.get(f) != now.get(f)]
     archive = run_dir / "stale" / time.strftime("%Y%m%d-%H%M%S")
     archive.mkdir(parents=True, exist_ok=True)
-    moved = [p for st in stale for p in STAGE_OUTPUTS[st]] + [
-        p.name for p in run_dir.glob("iter_*") if p.name != "iter_0"] + [
+    later = [p.name for p in run_dir.glob("iter_*") if p.name != "iter_0"]  # loop iterations build on all stages
+    moved = [p for st in stale for p in STAGE_OUTPUTS[st]] + (
+        [f"{p}/eval" for p in later] if stale == ["evaluate"] else later) + [
         "graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm", "report.json", "report.md", "pending.json"]
     for rel in moved:
         src = run_dir / rel

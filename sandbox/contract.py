@@ -44,8 +44,9 @@ def reset(session: EnvSession, seed: int) -> dict:
     tools = obs["tools"]
     if not isinstance(tools, list) or not tools or not all(
             isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
-            for t in tools):
-        raise _bad(call, "tools must be a non-empty list of {'type': 'function', 'function': {'name': ...}} schemas")
+            and isinstance(t["function"].get("parameters", {}), dict) for t in tools):
+        raise _bad(call, "tools must be a non-empty list of {'type': 'function', 'function': {'name': ..., "
+                         "'parameters': {...}}} schemas")
     msgs = _messages(obs["messages"], call)
     if not msgs or msgs[0].get("role") != "user":
         raise _bad(call, "messages must start with a user turn")
@@ -73,7 +74,8 @@ def reward(session: EnvSession) -> dict:
     comps = r.get("components", {})
     if not isinstance(comps, dict):
         raise _bad("reward", "components must be a dict of name -> value in [0, 1]")
-    comps = {str(k): unit_interval(v, "reward", f"component {k!r}") for k, v in comps.items()}
+    comps = {str(k): unit_interval(float(v) if isinstance(v, bool) else v, "reward", f"component {k!r}")
+             for k, v in comps.items()}  # a bool component (called: True) is 1.0 / 0.0
     if not isinstance(r.get("success"), bool):
         raise _bad("reward", f"success must be true or false, got {r.get('success')!r:.40}")
     return {"reward": value, "components": comps, "success": r["success"]}

@@ -180,7 +180,12 @@ class EnvSession:
 
     # -- the environment API
     def load(self, code: str, entry: str = "Env", **kwargs) -> None:
-        self.request({"op": "load", "code": code, "entry": entry, "kwargs": kwargs}, timeout=30)
+        """Load the module; on any failure the container is removed (a session that never loaded is useless)."""
+        try:
+            self.request({"op": "load", "code": code, "entry": entry, "kwargs": kwargs}, timeout=30)
+        except SandboxError:
+            self.close()
+            raise
         self.loaded = (code, entry)
 
     def call(self, method: str, *args, **kwargs):
@@ -199,17 +204,25 @@ class EnvSession:
 
     def _drain_stdout(self) -> None:
         """Read the protocol channel to its end: a module flooding it would otherwise block
-        the container's removal (the engine waits for the attached stream)."""
-        fd = self.proc.stdout.fileno()
+        the container's removal (the engine waits for the attached stream). This thread owns
+        the pipe from now on and closes it, so its fd number cannot be reused under it."""
         try:
+            fd = self.proc.stdout.fileno()
             while os.read(fd, 1 << 20):
                 pass
-        except OSError:
+        except (OSError, ValueError):
             pass
+        finally:
+            try:
+                self.proc.stdout.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Remove the container; at most ~2 s whatever the module is doing."""
+        draining = False
         if self.proc.poll() is None:
+            draining = True
             threading.Thread(target=self._drain_stdout, daemon=True).start()
             killer = threading.Thread(target=self._kill, daemon=True)
             killer.start()
@@ -220,7 +233,7 @@ class EnvSession:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 pass
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.proc.stdin,) if draining else (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()
             except OSError:

@@ -281,3 +281,13 @@ def test_a_misbehaving_module_is_a_finding_and_the_next_round_comes(tmp_path, sa
     assert env["status"] == "verified" and env["rounds"] == 2
     r1 = json.loads((tmp_path / "envs/lookup_before_answering/attempt_01/verifier_report.json").read_text())
     assert not r1["passed"] and "seed 2" in r1["feedback"] and "[crashed]" in r1["feedback"]
+
+
+def test_fingerprints_ignore_settings_that_change_no_result():
+    from trace_rl.graph.config import stage_fingerprints
+
+    base = stage_fingerprints(config())
+    assert stage_fingerprints(config(agent={"concurrency": 4}, approvals=[])) == base
+    changed = stage_fingerprints(config(analysis={"n_candidates": 2, "n_runs": 4, "k": 2}))
+    assert changed["rollout"] == base["rollout"] and changed["analyse"] != base["analyse"]
+    assert changed["evaluate"] != base["evaluate"]  # chained: everything after a change changes

@@ -210,3 +210,14 @@ def test_environment_failures_are_recorded_outcomes():
         traj = run_episode(ScriptedLLM(["hello"] * 3), ep, task_id="t", benchmark="b")
         assert traj.termination == "env_error" and not traj.passed and ep.closed
         assert "user simulator unreachable" in traj.reasons["error"]
+
+
+def test_a_whole_last_episode_without_its_newline_is_kept(tmp_path):
+    b = TaggedTelecom()
+    store = TrajectoryStore(tmp_path)
+    rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:2]], store, progress=False)
+    store.path.write_bytes(store.path.read_bytes().rstrip(b"\n"))  # e.g. a hand-edited file
+    again = TrajectoryStore(tmp_path)
+    assert len(again) == 2
+    rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:3]], again, progress=False)
+    assert len(TrajectoryStore(tmp_path)) == 3 and not (tmp_path / "quarantine.jsonl").exists()
