@@ -284,7 +284,8 @@ class Pipeline:
                                   f"{rnd} round(s) failed", "trained_on": {"name": lib["name"],
                                                                           "description": lib["description"]},
                     "builder_findings": report["feedback"]}}}
-        why = "no library environment matches" if self.cfg.library_fallback else "library_fallback is off"
+        why = ("library_fallback is off" if not self.cfg.library_fallback else "no library environment matches"
+               if lib is None else f"the matching library environment {lib['name']} failed verification too")
         return {"envs": {cap["name"]: {"status": "needs_human", "env": attempt.get("env"), "rounds": rnd,
                                        "source": "builder", "findings": report["feedback"],
                                        "reason": f"{rnd} builder round(s) failed verification; {why}"}}}
