@@ -62,7 +62,7 @@ def uninterrupted(tmp_path_factory, sandbox_image):
     return run, time.monotonic() - t0, summary(app.get_state(THREAD).values)
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(int(os.environ.get("CRASH_SEEDS", "5"))))
 def test_random_sigkills_then_resume_match_an_uninterrupted_run(tmp_path, uninterrupted, seed):
     ref, wall, ref_summary = uninterrupted
     rng = random.Random(seed)
