@@ -23,10 +23,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
-from trace_rl.agents.base_agent import Trajectory
-from trace_rl.agents.llm import LLM
+from trace_rl.core.trajectory import Trajectory
+from trace_rl.core.llm import LLM
 from trace_rl.evals.report import save_figure
-from trace_rl.evals.rollout import atomic_write_json
+from trace_rl.core.io import atomic_write_json
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
 
@@ -262,7 +262,7 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
             {"role": "user", "content": text}]
     want = {(t.key, c.name) for t in batch for c in caps}
     out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
-    from trace_rl.agents.llm import StructuredOutputError
+    from trace_rl.core.llm import StructuredOutputError
 
     missing = sorted(want)
     for _ in range(3):
@@ -452,7 +452,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     t0 = time.perf_counter()
     usage0 = llm.usage.as_dict()
     cand_path = out / "candidates.json"
-    from trace_rl.agents.llm import StructuredOutputError
+    from trace_rl.core.llm import StructuredOutputError
 
     try:
         if cand_path.exists():

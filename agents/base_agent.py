@@ -5,11 +5,12 @@ Every way an episode can end is an explicit `termination` in the trajectory
 """
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from trace_rl.evals.benchmark import Episode, Score
+from trace_rl.core.episode import Episode, Score
+from trace_rl.core.trajectory import Trajectory
 
 
 class Policy(Protocol):
@@ -20,39 +21,6 @@ class Policy(Protocol):
     def chat(self, messages: list[dict], tools: list[dict] | None = None, **kw) -> Any: ...
 
 
-@dataclass
-class Trajectory:
-    task_id: str
-    benchmark: str
-    trial: int
-    model: str
-    messages: list[dict]
-    reward: float
-    passed: bool
-    termination: str
-    reasons: dict = field(default_factory=dict)
-    steps: int = 0
-    tool_calls: int = 0
-    malformed_tool_calls: int = 0
-    text_tool_calls: int = 0  # tool calls recovered from plain text
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    started_at: float = 0.0
-    split: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"{self.benchmark}/{self.task_id}/{self.trial}"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Trajectory":
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
-
-
 def _is_context_error(err: Exception) -> bool:
     text = str(err).lower()
     return any(s in text for s in ("context length", "context_length", "maximum context", "too many tokens",
@@ -61,8 +29,6 @@ def _is_context_error(err: Exception) -> bool:
 
 def _error_kind(error: str) -> str | None:
     """The sandbox's error kind ("[timeout] ...") when the error came from a session."""
-    import re
-
     m = re.search(r"\[(timeout|crashed|oom|protocol|output_limit|env_error|episode_timeout|contract)\]", error)
     return m.group(1) if m else None
 

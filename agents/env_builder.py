@@ -20,7 +20,7 @@ from pydantic import BaseModel, field_validator
 
 from trace_rl import prompts
 from trace_rl.agents.verifier import VerifierReport, VerifyConfig, verify
-from trace_rl.evals.rollout import atomic_write_json
+from trace_rl.core.io import atomic_write_json
 
 
 class EnvDraft(BaseModel):

@@ -307,7 +307,7 @@ def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
     msgs = [{"role": "system", "content": prompts.load("verifier_review")},
             {"role": "user", "content": f"# capability\n{capability['name']}: {capability['description']}\n\n"
                                         f"# environment code\n```python\n{code}\n```\n\n# sample episodes\n{episodes}"}]
-    from trace_rl.agents.llm import StructuredOutputError
+    from trace_rl.core.llm import StructuredOutputError
 
     try:
         review = llm.structured(msgs, Review)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.agents.llm import LLM
+from trace_rl.core.llm import LLM
 from trace_rl.evals.synthetic import SyntheticBenchmark
 from trace_rl.training.hf_policy import HFPolicy
 

@@ -4,81 +4,25 @@ A new benchmark is one file: subclass `Benchmark` (tasks + splits) and `Episode`
 (reset / step / score). trace-rl finds it as `--benchmark path/to/file.py:Class`,
 `--benchmark package.module:Class`, through the `trace_rl.benchmarks` entry-point group,
 or by a `register("name", factory)` call. See docs/benchmarks.md.
-Messages are OpenAI chat format throughout; an agent's action is one assistant turn
-(text for the user, or tool calls), exactly what the model produced.
+The episode types (`Episode`, `Observation`, `Score`, `Task`) live in `trace_rl.core.episode`
+(the agent loop below this layer uses them) and are re-exported here: a plugin imports all it
+needs from this module.
 
 Thread safety: `rollout()` runs episodes in threads, so `episode()` must return independent
 objects and a benchmark's shared state must be safe to read from several threads.
 """
 from __future__ import annotations
 
-import json
-import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trace_rl.core.episode import Episode, Observation, Score, Task, decode_tool_calls
 
-def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | None]]:
-    """OpenAI tool calls -> (id, name, arguments); arguments is None when not a JSON object,
-    so each adapter can report a malformed call in its own benchmark's terms."""
-    out = []
-    for tc in tool_calls:
-        fn = tc["function"]
-        try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except ValueError:
-            args = None
-        out.append((tc.get("id") or f"call_{uuid.uuid4().hex[:12]}", fn["name"], args if isinstance(args, dict) else None))
-    return out
-
-
-@dataclass
-class Task:
-    id: str
-    benchmark: str
-    split: str
-    description: str = ""  # a short text for the analyst; never shown to the agent
-
-
-@dataclass
-class Observation:
-    messages: list[dict]  # OpenAI-format messages to append (tool results, user turns)
-    done: bool = False
-    reason: str | None = None  # why the episode ended, when done
-
-
-@dataclass
-class Score:
-    reward: float
-    passed: bool
-    reasons: dict[str, Any] = field(default_factory=dict)
-
-
-class Episode(ABC):
-    """One attempt at one task. The agent sees `system_prompt` and `tools` only."""
-
-    system_prompt: str
-    tools: list[dict]  # OpenAI function-tool schemas
-    max_steps: int = 30
-
-    @abstractmethod
-    def reset(self) -> Observation:
-        """Start the task; the observation holds the first messages after the system prompt."""
-
-    @abstractmethod
-    def step(self, content: str, tool_calls: list[dict]) -> Observation:
-        """Apply one assistant turn: `tool_calls` in OpenAI format, or `content` for the user."""
-
-    @abstractmethod
-    def score(self, termination: str) -> Score:
-        """Score the finished episode. `termination` is the reason it ended."""
-
-    def close(self) -> None:
-        pass
+__all__ = ["Benchmark", "BenchmarkError", "BenchmarkOptions", "Episode", "Observation", "Score", "Task",
+           "decode_tool_calls", "load_benchmark", "register", "resolve"]
 
 
 class BenchmarkOptions(BaseModel):

@@ -5,8 +5,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from trace_rl.agents.base_agent import Trajectory
-from trace_rl.evals.rollout import atomic_write_json
+from trace_rl.core.trajectory import Trajectory
+from trace_rl.core.io import atomic_write_json
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

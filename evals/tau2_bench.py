@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
-from trace_rl.agents.llm import LLMConfig
+from trace_rl.core.llm import LLMConfig
 from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task,
                                      decode_tool_calls, register)
 

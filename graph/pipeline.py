@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, TypedDict
 
-from trace_rl.evals.rollout import atomic_write_json
+from trace_rl.core.io import atomic_write_json
 from trace_rl.graph.config import RunConfig
 
 
@@ -101,7 +101,7 @@ class Components:
 
 
 def default_components(cfg: RunConfig) -> Components:
-    from trace_rl.agents.llm import LLM, LLMConfig
+    from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.training.compose import load_base
 
@@ -155,7 +155,8 @@ class Pipeline:
     # -- 1. rollouts of the base agent (or, in later loop iterations, of the composed model)
     def rollout(self, s: State) -> dict:
         from trace_rl.evals.report import write_report
-        from trace_rl.evals.rollout import TrajectoryStore, rollout
+        from trace_rl.core.trajectory import TrajectoryStore
+        from trace_rl.evals.rollout import rollout
 
         bench, cfg = self.comps.benchmark, self.cfg
         ids = [t.id for t in bench.tasks(cfg.rollout_split)]
@@ -177,7 +178,7 @@ class Pipeline:
         from dataclasses import asdict
 
         from trace_rl.agents.analyst import analyze
-        from trace_rl.evals.rollout import TrajectoryStore
+        from trace_rl.core.trajectory import TrajectoryStore
 
         trajs = TrajectoryStore(self.it(s) / "rollouts").all()
         results = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True)
@@ -240,7 +241,7 @@ class Pipeline:
     def build(self, s: State) -> dict:
         from trace_rl.agents.analyst import compact
         from trace_rl.agents.env_builder import attempt_dir, build_attempt
-        from trace_rl.evals.rollout import TrajectoryStore
+        from trace_rl.core.trajectory import TrajectoryStore
 
         cap, rnd = self.cap(s), s.get("rounds", 0) + 1
         store = TrajectoryStore(self.it(s) / "rollouts")
@@ -322,7 +323,8 @@ class Pipeline:
 
     def _heldout(self, name: str, env_code: str, policy, tag: str) -> dict:
         from trace_rl.evals.report import summarize
-        from trace_rl.evals.rollout import TrajectoryStore, rollout
+        from trace_rl.core.trajectory import TrajectoryStore
+        from trace_rl.evals.rollout import rollout
 
         seeds = self.heldout_seeds()
         with self._env_bench(name, seeds, env_code) as bench:
@@ -395,7 +397,7 @@ class Pipeline:
 
     # -- 6. composition and evaluation
     def compose(self, s: State) -> dict:
-        from trace_rl.evals.rollout import TrajectoryStore
+        from trace_rl.core.trajectory import TrajectoryStore
         from trace_rl.training.compose import compose
 
         out = self.dir / "composition"
@@ -435,7 +437,8 @@ class Pipeline:
 
     def evaluate(self, s: State) -> dict:
         from trace_rl.evals.report import plot_pass_rates, summarize
-        from trace_rl.evals.rollout import TrajectoryStore, rollout
+        from trace_rl.core.trajectory import TrajectoryStore
+        from trace_rl.evals.rollout import rollout
 
         bench, cfg = self.comps.benchmark, self.cfg
         ids = [t.id for t in bench.tasks(cfg.eval_split)]

@@ -25,7 +25,7 @@ def sandbox_image():
 @pytest.fixture(scope="session")
 def qwen05_server():
     """One llama.cpp server for the embedded Qwen2.5-Coder-0.5B for the whole session."""
-    from trace_rl.training.server import LlamaServer
+    from trace_rl.core.server import LlamaServer
 
     with LlamaServer("qwen2.5-coder-0.5b", n_ctx=4096) as srv:
         yield srv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from trace_rl.agents.llm import LLM, LLMConfig, Reply, ToolCall
+from trace_rl.core.llm import LLM, LLMConfig, Reply, ToolCall
 
 
 class ScriptedLLM(LLM):

@@ -6,7 +6,7 @@ import pytest
 from doubles import ScriptedLLM
 from trace_rl.agents.analyst import (AnalysisConfig, Capability, Label, aggregate, analyze, compact,
                                      run_figures)
-from trace_rl.agents.base_agent import Trajectory
+from trace_rl.core.trajectory import Trajectory
 
 L, P, N = Label.LACKING, Label.PRESENT, Label.NA
 CFG = AnalysisConfig(n_runs=1, k=1, min_passed=1)

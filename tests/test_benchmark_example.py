@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 from doubles import ScriptedLLM
-from trace_rl.agents.llm import ToolCall
+from trace_rl.core.llm import ToolCall
 from trace_rl.evals.benchmark import load_benchmark
-from trace_rl.evals.rollout import TrajectoryStore, rollout
+from trace_rl.core.trajectory import TrajectoryStore
+from trace_rl.evals.rollout import rollout
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
 

@@ -135,7 +135,7 @@ def test_classifier_router_picks_the_planted_adapter_with_the_embedded_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_rl.training.compose import ClassifierRouter
-    from trace_rl.training.models import hf_checkpoint
+    from trace_rl.core.models import hf_checkpoint
 
     path = hf_checkpoint("qwen2.5-coder-1.5b")
     model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)

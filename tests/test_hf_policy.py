@@ -24,7 +24,7 @@ def test_in_process_policy_with_lora_runs_an_episode(tmp_path, sandbox_image):
     from trace_rl.agents.base_agent import run_episode
     from trace_rl.evals.synthetic import SyntheticBenchmark
     from trace_rl.training.hf_policy import HFPolicy
-    from trace_rl.training.models import hf_checkpoint
+    from trace_rl.core.models import hf_checkpoint
 
     base = AutoModelForCausalLM.from_pretrained(hf_checkpoint("smollm2-135m"))
     get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).save_pretrained(

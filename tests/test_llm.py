@@ -2,7 +2,7 @@ import pytest
 from pydantic import BaseModel
 
 from doubles import ScriptedLLM
-from trace_rl.agents.llm import StructuredOutputError, extract_json, parse_tool_calls
+from trace_rl.core.llm import StructuredOutputError, extract_json, parse_tool_calls
 
 NAMES = {"get_user", "done"}
 
@@ -60,7 +60,7 @@ def test_chat_recovers_tool_call_from_text():
 @pytest.mark.ci
 @pytest.mark.slow
 def test_real_served_model_returns_parsed_tool_call(qwen05_server):
-    from trace_rl.agents.llm import LLM
+    from trace_rl.core.llm import LLM
 
     llm = LLM(model=qwen05_server.model_name, base_url=qwen05_server.base_url, max_tokens=64)
     tools = [{"type": "function", "function": {

@@ -2,7 +2,7 @@ import shutil
 
 import pytest
 
-from trace_rl.training import models
+from trace_rl.core import models
 
 
 def test_registry_has_the_three_default_models():
@@ -80,7 +80,7 @@ def test_server_ends_when_its_parent_is_killed():
     import sys
     import time
 
-    code = ("from trace_rl.training.server import LlamaServer\n"
+    code = ("from trace_rl.core.server import LlamaServer\n"
             "s = LlamaServer('smollm2-135m', n_ctx=512).start()\n"
             "print(s.proc.pid, flush=True)\nimport time; time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from doubles import ScriptedLLM
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.agents.llm import Reply, ToolCall
+from trace_rl.core.llm import Reply, ToolCall
 from trace_rl.evals.benchmark import load_benchmark
-from trace_rl.evals.rollout import TrajectoryStore, rollout
+from trace_rl.core.trajectory import TrajectoryStore
+from trace_rl.evals.rollout import rollout
 from trace_rl.evals.tau2_bench import Tau2Benchmark
 
 
@@ -113,7 +114,8 @@ KILLABLE = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_rollout import TaggedTelecom, gold_policy
-    from trace_rl.evals.rollout import TrajectoryStore, rollout
+    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.evals.rollout import rollout
     b = TaggedTelecom()
     pol = gold_policy(b)
     inner = pol._complete
@@ -150,7 +152,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
 
 
 def test_report_figures(tmp_path):
-    from trace_rl.agents.base_agent import Trajectory
+    from trace_rl.core.trajectory import Trajectory
     from trace_rl.evals.report import pass_hat_k, summarize, wilson, write_report
 
     def t(task, trial, ok):

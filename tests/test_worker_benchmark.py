@@ -72,7 +72,8 @@ def test_a_worker_benchmark_runs_in_its_own_venv(second_venv):
     import pydantic
 
     from doubles import ScriptedLLM
-    from trace_rl.evals.rollout import TrajectoryStore, rollout
+    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.evals.rollout import rollout
 
     bench = make_bench(second_venv)
     try:
@@ -88,7 +89,8 @@ def test_a_worker_benchmark_runs_in_its_own_venv(second_venv):
 
 def test_a_killed_worker_fails_its_open_episodes_and_is_restarted(second_venv, tmp_path):
     from doubles import ScriptedLLM
-    from trace_rl.evals.rollout import TrajectoryStore, rollout
+    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.evals.rollout import rollout
 
     bench = make_bench(second_venv)
     try:

@@ -132,7 +132,7 @@ def load_base(model: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trace_rl.training.models import hf_checkpoint
+    from trace_rl.core.models import hf_checkpoint
 
     path = hf_checkpoint(model)
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"  # one GPU per process

@@ -26,8 +26,8 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trace_rl.agents.base_agent import Trajectory
-from trace_rl.agents.llm import Reply, parse_tool_calls
+from trace_rl.core.trajectory import Trajectory
+from trace_rl.core.llm import Reply, parse_tool_calls
 
 
 class GRPOSettings(BaseModel):
@@ -236,7 +236,7 @@ class CapabilityGRPO:
 
     def __init__(self, model, tokenizer, bench, task_ids: list[str], out_dir: str | Path,
                  settings: GRPOSettings = GRPOSettings(), name: str = "adapter"):
-        from trace_rl.evals.rollout import TrajectoryStore
+        from trace_rl.core.trajectory import TrajectoryStore
 
         if not task_ids:
             raise ValueError("GRPO needs at least one training task id")

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from trace_rl.agents.llm import Reply, Usage, parse_tool_calls
+from trace_rl.core.llm import Reply, Usage, parse_tool_calls
 
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -222,7 +222,7 @@ class HFPolicy:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from trace_rl.training.models import hf_checkpoint
+        from trace_rl.core.models import hf_checkpoint
 
         path = hf_checkpoint(model)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")

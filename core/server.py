@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trace_rl.training.models import MODELS, cache_dir, gguf_path
+from trace_rl.core.models import MODELS, cache_dir, gguf_path
 
 
 def free_port() -> int:
@@ -53,7 +53,7 @@ class LlamaServer:
         log_path = cache_dir() / "logs" / f"llama-server-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Through our own entry point, which exits when this process dies (a killed run leaves no server).
-        cmd = [sys.executable, "-m", "trace_rl.training.server", str(os.getpid()), "--model", str(path),
+        cmd = [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), "--model", str(path),
                "--model_alias", self.model_name,
                "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
                "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
@@ -98,7 +98,7 @@ class LlamaServer:
 
 
 def _serve_while_parent_lives() -> None:
-    """`python -m trace_rl.training.server PARENT_PID <llama_cpp.server args>`: llama.cpp's
+    """`python -m trace_rl.core.server PARENT_PID <llama_cpp.server args>`: llama.cpp's
     server, ended as soon as PARENT_PID is gone (even if that process was SIGKILLed)."""
     import threading
 

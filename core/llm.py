@@ -177,7 +177,7 @@ def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent") -> t
     prompt prefix per server, and two alternating conversations on one server would re-read
     the whole prompt on every call (llama-cpp-python's multi-state RAM cache copies the full
     logits with each state, ~3 GB per 5k-token prompt with Qwen's vocabulary: not usable)."""
-    from trace_rl.training.server import LlamaServer
+    from trace_rl.core.server import LlamaServer
 
     with _servers_lock:
         key = (model, n_ctx, instance)

@@ -1,0 +1,71 @@
+"""What a benchmark hands the agent: one episode (reset / step / score) and its small types.
+
+Messages are OpenAI chat format throughout; an agent's action is one assistant turn
+(text for the user, or tool calls), exactly what the model produced.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | None]]:
+    """OpenAI tool calls -> (id, name, arguments); arguments is None when not a JSON object,
+    so each adapter can report a malformed call in its own benchmark's terms."""
+    out = []
+    for tc in tool_calls:
+        fn = tc["function"]
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            args = None
+        out.append((tc.get("id") or f"call_{uuid.uuid4().hex[:12]}", fn["name"], args if isinstance(args, dict) else None))
+    return out
+
+
+@dataclass
+class Task:
+    id: str
+    benchmark: str
+    split: str
+    description: str = ""  # a short text for the analyst; never shown to the agent
+
+
+@dataclass
+class Observation:
+    messages: list[dict]  # OpenAI-format messages to append (tool results, user turns)
+    done: bool = False
+    reason: str | None = None  # why the episode ended, when done
+
+
+@dataclass
+class Score:
+    reward: float
+    passed: bool
+    reasons: dict[str, Any] = field(default_factory=dict)
+
+
+class Episode(ABC):
+    """One attempt at one task. The agent sees `system_prompt` and `tools` only."""
+
+    system_prompt: str
+    tools: list[dict]  # OpenAI function-tool schemas
+    max_steps: int = 30
+
+    @abstractmethod
+    def reset(self) -> Observation:
+        """Start the task; the observation holds the first messages after the system prompt."""
+
+    @abstractmethod
+    def step(self, content: str, tool_calls: list[dict]) -> Observation:
+        """Apply one assistant turn: `tool_calls` in OpenAI format, or `content` for the user."""
+
+    @abstractmethod
+    def score(self, termination: str) -> Score:
+        """Score the finished episode. `termination` is the reason it ended."""
+
+    def close(self) -> None:
+        pass

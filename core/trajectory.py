@@ -1,0 +1,169 @@
+"""A trajectory (one finished episode, every stage's currency) and the store that keeps them.
+
+The store is one JSONL file of finished trajectories (one line = one episode, written
+with a single append + fsync, so a killed run leaves at most a torn last line) and an
+index.json rewritten atomically after each episode.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from trace_rl.core.io import atomic_write_json
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    benchmark: str
+    trial: int
+    model: str
+    messages: list[dict]
+    reward: float
+    passed: bool
+    termination: str
+    reasons: dict = field(default_factory=dict)
+    steps: int = 0
+    tool_calls: int = 0
+    malformed_tool_calls: int = 0
+    text_tool_calls: int = 0  # tool calls recovered from plain text
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    started_at: float = 0.0
+    split: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.benchmark}/{self.task_id}/{self.trial}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trajectory":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+class TrajectoryStore:
+    """trajectories.jsonl + index.json. Readers never change the store: a bad line is skipped,
+    kept verbatim (with its line number) in quarantine.jsonl next to it and reported once; a
+    torn tail (a killed writer's last, unterminated line) is moved to quarantine only by the
+    writer, when it next appends; the writer rewrites index.json after every append, from
+    what it loaded plus what it added, so the index lists exactly the readable episodes."""
+
+    def __init__(self, directory: str | Path, log: Callable[[str], None] | None = None):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "trajectories.jsonl"
+        self.index_path = self.dir / "index.json"
+        self.quarantine_path = self.dir / "quarantine.jsonl"
+        self._lock = threading.Lock()
+        self._items: dict[str, Trajectory] = {}
+        self._torn = 0  # bytes of a torn last line, repaired at the next append
+        self._unterminated = 0  # the last line is a whole episode without its newline
+        self._log = log or (lambda msg: print(msg, file=sys.stderr))
+        self._load()
+
+    def _quarantined(self) -> set[tuple[int, str]]:
+        if not self.quarantine_path.is_file():
+            return set()
+        out = set()
+        for line in self.quarantine_path.read_text(errors="replace").splitlines():
+            try:
+                q = json.loads(line)
+                out.add((q["line"], q["text"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def _quarantine(self, entries: list[dict]) -> None:
+        with open(self.quarantine_path, "a") as f:
+            for e in entries:
+                f.write(json.dumps(e) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline; else a torn (or unterminated) last line
+        self._torn = self._unterminated = 0
+        if tail:
+            try:
+                t = Trajectory.from_dict(json.loads(tail))
+                self._items[t.key] = t
+                self._unterminated = 1  # a whole episode, only its newline missing: kept, terminated at append
+            except Exception:
+                self._torn = len(tail)
+        bad = []
+        for n, raw in enumerate(lines, 1):
+            try:
+                t = Trajectory.from_dict(json.loads(raw))
+            except Exception:  # any line that is not a trajectory: skipped and kept aside, never dropped
+                bad.append({"line": n, "text": raw.decode(errors="replace"), "store": self.path.name})
+                continue
+            self._items[t.key] = t
+        seen = self._quarantined()
+        new = [b for b in bad if (b["line"], b["text"]) not in seen]
+        if new:
+            try:
+                self._quarantine(new)
+            except OSError:  # a read-only run directory: report, keep nothing
+                pass
+            self._log(f"{self.path}: {len(new)} unreadable line(s) skipped (lines "
+                      f"{', '.join(str(b['line']) for b in new[:10])}), kept in {self.quarantine_path.name}")
+
+
+    def _write_index(self) -> None:
+        atomic_write_json(self.index_path, {
+            "count": len(self._items), "passed": sum(t.passed for t in self._items.values()),
+            "episodes": {k: {"passed": t.passed, "reward": t.reward, "termination": t.termination}
+                         for k, t in self._items.items()}})
+
+    def _repair_torn_tail(self) -> None:
+        """Writer only: move an unterminated last line to quarantine, then cut it off the store."""
+        size = self.path.stat().st_size
+        with open(self.path, "r+b") as f:
+            f.seek(size - self._torn)
+            torn = f.read()
+            self._quarantine([{"line": "torn-tail", "text": torn.decode(errors="replace"), "store": self.path.name}])
+            f.truncate(size - self._torn)
+        self._log(f"{self.path}: a torn last line ({self._torn} bytes) moved to {self.quarantine_path.name}")
+        self._torn = 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> Trajectory:
+        return self._items[key]
+
+    def all(self) -> list[Trajectory]:
+        return list(self._items.values())
+
+    def add(self, traj: Trajectory) -> None:
+        line = (json.dumps(traj.to_dict(), default=str) + "\n").encode()
+        with self._lock:
+            if traj.key in self._items:
+                return
+            if self._torn:
+                self._repair_torn_tail()
+            with open(self.path, "ab") as f:
+                if self._unterminated:
+                    f.write(b"\n")
+                    self._unterminated = 0
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            self._items[traj.key] = traj
+            self._write_index()
