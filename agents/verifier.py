@@ -2,7 +2,7 @@
 
 1. automatic checks, all inside the sandbox: loads and meets the contract; tool schemas
    are a subset of the target's with identical shapes; deterministic per seed; the
-   reference solver scores >= 0.99 on >= 95% of seeds; trivial policies (do nothing,
+   reference solver scores >= SUCCESS_THRESHOLD (0.99) on >= 95% of seeds; trivial policies (do nothing,
    refuse, random tool calls) score <= 0.2 on average; echoing the prompt back scores
    low too (else the answer is leaked); instances vary across seeds;
 2. a verifier LLM reviews the code and sample episodes for reward hacks and leaks;
@@ -21,15 +21,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
+from trace_rl.core.reward import SUCCESS_THRESHOLD
 from trace_rl.sandbox import contract
-from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
+from trace_rl.sandbox.session import Sandbox, SandboxError, SessionLimits, open_session
 
 
 class VerifyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
     seeds: int = Field(40, ge=4, le=10_000, description="seeds for solver / trivial-policy checks")
     determinism_seeds: int = Field(5, ge=1, le=1000)
-    solver_min_reward: float = Field(0.99, ge=0, le=1)
+    solver_min_reward: float = Field(SUCCESS_THRESHOLD, ge=0, le=1)
     solver_min_fraction: float = Field(0.95, ge=0, le=1)
     trivial_max_mean: float = Field(0.2, ge=0, le=1)
     min_distinct_fraction: float = Field(0.5, ge=0, le=1, description="share of seeds giving a distinct first message")
@@ -91,7 +92,7 @@ class VerifierReport:
 
 
 # ---------------------------------------------------------------- scripted policies
-def run_actions(session: EnvSession, seed: int, policy) -> tuple[dict, list]:
+def run_actions(session: Sandbox, seed: int, policy) -> tuple[dict, list]:
     """One episode with `policy(obs, turn, rng) -> action`; returns (reward dict, transcript).
     Every result is checked against the contract on the host (sandbox/contract.py)."""
     session.new_episode()
@@ -131,7 +132,7 @@ def random_tools(obs, turn, rng):
     return {"tool_calls": [{"id": f"r{turn}", "name": tool["name"], "arguments": args}]}
 
 
-def solver(session: EnvSession):
+def solver(session: Sandbox):
     """The env's reference solution, fetched after reset (it depends on the instance)."""
     actions: list = []
 
@@ -178,8 +179,8 @@ class Probe:
         self.dead = 0
         self.session = self._new()
 
-    def _new(self) -> EnvSession:
-        s = EnvSession(self.limits)
+    def _new(self) -> Sandbox:
+        s = open_session(self.limits)
         s.load(self.code)
         return s
 
@@ -325,9 +326,9 @@ def group_stats(groups: list[list[float]], cfg: VerifyConfig) -> dict:
     const = sum(max(g) - min(g) < 1e-9 for g in groups) / n
     stats = {
         "mean_reward": statistics.fmean(flat) if flat else 0.0,
-        "success_rate": sum(r >= 0.99 for r in flat) / len(flat) if flat else 0.0,
+        "success_rate": sum(r >= SUCCESS_THRESHOLD for r in flat) / len(flat) if flat else 0.0,
         "reward_std": statistics.pstdev(flat) if len(flat) > 1 else 0.0,
-        "all_success_groups": sum(min(g) >= 0.99 for g in groups) / n,
+        "all_success_groups": sum(min(g) >= SUCCESS_THRESHOLD for g in groups) / n,
         "all_zero_groups": sum(max(g) <= 1e-9 for g in groups) / n,
         "constant_groups": const,
         "informative_groups": 1 - const,

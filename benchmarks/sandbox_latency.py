@@ -7,6 +7,7 @@ table. Target: warm per-step overhead of the sandbox under 5 ms.
 import argparse
 import statistics
 import sys
+import importlib
 import time
 from importlib import resources
 
@@ -19,6 +20,7 @@ from trace_rl.sandbox.session import EnvSession
 def in_process_env(code: str):
     """Trusted, hand-written reference code only: the baseline of the comparison."""
     sys.path.insert(0, str(resources.files("trace_rl.sandbox") / "image"))
+    sys.modules.setdefault("reward", importlib.import_module("trace_rl.core.reward"))  # what the image copies in
     ns: dict = {"__name__": "bench_env"}
     exec(compile(code, "env.py", "exec"), ns)
     return ns["Env"]()

@@ -2,9 +2,9 @@
 so the base agent, calibration and GRPO roll it out exactly like a real benchmark."""
 from __future__ import annotations
 
-from trace_rl.evals.benchmark import Episode, Observation, Score, decode_tool_calls
+from trace_rl.evals.benchmark import Benchmark, Episode, Observation, Score, decode_tool_calls
 from trace_rl.sandbox import contract
-from trace_rl.sandbox.session import EnvSession
+from trace_rl.sandbox.session import Sandbox
 
 
 def to_env_action(content: str, tool_calls: list[dict]) -> dict:
@@ -17,7 +17,7 @@ def to_env_action(content: str, tool_calls: list[dict]) -> dict:
 
 
 class SyntheticEpisode(Episode):
-    def __init__(self, session: EnvSession, seed: int, hinted: bool = False):
+    def __init__(self, session: Sandbox, seed: int, hinted: bool = False):
         self.session, self.seed, self.hinted = session, seed, hinted
         self.system_prompt, self.tools, self.plain_system_prompt = "", [], ""
 
@@ -43,7 +43,7 @@ class SyntheticEpisode(Episode):
                      reasons={"components": r["components"], "termination": termination, "seed": self.seed})
 
 
-class SyntheticBenchmark:
+class SyntheticBenchmark(Benchmark):
     """A synthesized environment as a benchmark: task ids are seeds, episodes run in a warm
     sandbox pool. Use as a context manager (it owns containers)."""
 

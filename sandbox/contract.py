@@ -5,9 +5,8 @@ is a typed `SandboxError(kind="contract")` naming the call, never a TypeError in
 Every caller (verifier, calibration, held-out episodes, GRPO) goes through these four."""
 from __future__ import annotations
 
-import math
-
-from trace_rl.sandbox.session import EnvSession, SandboxError
+from trace_rl.core.reward import SUCCESS_THRESHOLD, check_unit, is_success
+from trace_rl.sandbox.session import Sandbox, SandboxError
 
 
 def _bad(call: str, message: str) -> SandboxError:
@@ -15,10 +14,11 @@ def _bad(call: str, message: str) -> SandboxError:
 
 
 def unit_interval(x, call: str, what: str) -> float:
-    """A finite number in [0, 1] (bools refused: True is not a reward)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or not 0.0 <= x <= 1.0:
-        raise _bad(call, f"{what} must be a finite number in [0, 1], got {x!r:.80}")
-    return float(x)
+    """A finite number in [0, 1] (bools refused: True is not a reward), as core/reward.py checks it."""
+    try:
+        return check_unit(x, what)
+    except ValueError as err:
+        raise _bad(call, str(err)) from None
 
 
 def _messages(msgs, call: str) -> list[dict]:
@@ -31,7 +31,7 @@ def _messages(msgs, call: str) -> list[dict]:
     return msgs
 
 
-def reset(session: EnvSession, seed: int) -> dict:
+def reset(session: Sandbox, seed: int) -> dict:
     obs = session.call("reset", seed)
     call = f"reset({seed})"
     if not isinstance(obs, dict):
@@ -58,7 +58,7 @@ def reset(session: EnvSession, seed: int) -> dict:
     return obs
 
 
-def step(session: EnvSession, action: dict) -> dict:
+def step(session: Sandbox, action: dict) -> dict:
     out = session.call("step", action)
     if not isinstance(out, dict) or not isinstance(out.get("done"), bool):
         raise _bad("step", f"must return {{'messages': [...], 'done': bool}}, got {str(out)[:120]}")
@@ -66,7 +66,7 @@ def step(session: EnvSession, action: dict) -> dict:
     return out
 
 
-def reward(session: EnvSession) -> dict:
+def reward(session: Sandbox) -> dict:
     r = session.call("reward")
     if not isinstance(r, dict):
         raise _bad("reward", f"must return a dict, got {type(r).__name__}")
@@ -78,10 +78,13 @@ def reward(session: EnvSession) -> dict:
              for k, v in comps.items()}  # a bool component (called: True) is 1.0 / 0.0
     if not isinstance(r.get("success"), bool):
         raise _bad("reward", f"success must be true or false, got {r.get('success')!r:.40}")
+    if r["success"] != is_success(value):  # one success rule for episodes and calibration alike
+        raise _bad("reward", f"success={r['success']} disagrees with reward {value:.3f} (success means reward >= "
+                             f"{SUCCESS_THRESHOLD}); do not override Environment.reward()")
     return {"reward": value, "components": comps, "success": r["success"]}
 
 
-def solve(session: EnvSession) -> list[dict]:
+def solve(session: Sandbox) -> list[dict]:
     actions = session.call("solve")
     if not isinstance(actions, list) or not actions or not all(isinstance(a, dict) for a in actions):
         raise _bad("solve", "must return a non-empty list of actions ({'content': ...} or {'tool_calls': [...]})")

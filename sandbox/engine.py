@@ -89,8 +89,18 @@ def debian_mirror() -> str:
 
 
 def _recipe_files() -> dict[str, bytes]:
+    """The image's build context: sandbox/image/* and core/reward.py as reward.py (the one reward
+    module, imported by trace_env.py inside the sandbox). The tag hashes all of them."""
     root = resources.files("trace_rl.sandbox") / "image"
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.is_file()}
+    files = {p.name: p.read_bytes() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.is_file()}
+    files["reward.py"] = (resources.files("trace_rl.core") / "reward.py").read_bytes()
+    return dict(sorted(files.items()))
+
+
+def runtime_files() -> dict[str, bytes]:
+    """The Python files the image puts in /opt/trace_rl (runner.py, trace_env.py, reward.py and any
+    sibling module): what a sandbox process needs on its path, whichever backend runs it."""
+    return {name: data for name, data in _recipe_files().items() if name.endswith(".py")}
 
 
 def base_tag() -> str:

@@ -1,25 +1,38 @@
-"""Long-lived sandboxed environment sessions speaking JSON lines, and a warm pool.
+"""Long-lived sandboxed environment sessions speaking JSON lines, two backends, and a warm pool.
 
-One container per session runs the image's runner.py; the host writes one request per
-line to its stdin and reads one reply per line from its stdout. Everything the code in
-the container prints goes to stderr, of which only a capped tail is kept. Any crash, hang,
-oversized or garbage reply becomes a `SandboxError` with a `kind` and the stderr tail, and
-the container is always removed.
+`Sandbox` is what every stage uses (load a module, call its methods, run a snippet); get one
+with `open_session()`, which picks the backend: $TRACE_RL_SANDBOX=docker (the default) or
+subprocess, or its `backend` argument.
+  docker      `EnvSession`: one hardened container per session (no network, read-only root,
+              a non-host uid, memory/CPU/pid limits). The only backend for untrusted code.
+  subprocess  `SubprocessSession`: the same runner in a plain child process, for a machine
+              without Docker, and only for environments that already passed the Docker verifier.
+Either way one process runs the image's runner.py; the host writes one request per line to its
+stdin and reads one reply per line from its stdout. Everything the code in it prints goes to
+stderr, of which only a capped tail is kept. Any crash, hang, oversized or garbage reply becomes
+a `SandboxError` with a `kind` and the stderr tail, and the process (container) is always removed.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
+import resource
 import select
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
-from trace_rl.sandbox.engine import ensure_engine, ensure_image
-from trace_rl.sandbox.run import Limits, cli_flags
+from trace_rl.sandbox.engine import DockerUnavailable, ensure_engine, ensure_image, runtime_files
 
 
 class SandboxError(RuntimeError):
@@ -31,15 +44,49 @@ class SandboxError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Limits:
+    memory: str = "512m"
+    cpus: float = 1.0
+    pids: int = 128
+    tmpfs_size: str = "64m"
+
+
+@dataclass(frozen=True)
 class SessionLimits(Limits):
     call_timeout_s: float = 10.0
     episode_timeout_s: float = 300.0
     max_reply_bytes: int = 4 << 20
     max_stderr_bytes: int = 8 << 20  # past this the container is killed: output_limit
+    cpu_time_s: float = 3600.0  # subprocess backend: RLIMIT_CPU, CPU seconds over the session's whole life
+
+
+SANDBOX_UID = 64917  # the image's user (sandbox/image/Dockerfile): a uid no host account should have
+
+
+def sandbox_user() -> str:
+    """uid:gid for containers; refuses to run as a uid that a host account owns (a file the
+    container could write through a mount, or a process it could signal, would be that user's)."""
+    import pwd
+
+    try:
+        owner = pwd.getpwuid(SANDBOX_UID).pw_name
+    except KeyError:
+        return f"{SANDBOX_UID}:{SANDBOX_UID}"
+    raise RuntimeError(f"host account {owner!r} has uid {SANDBOX_UID}, the sandbox's uid; "
+                       "change SANDBOX_UID in sandbox/session.py and the Dockerfile to a free one")
+
+
+def cli_flags(limits: Limits) -> list[str]:
+    """The hardening every container gets, as `docker run` flags: no network, read-only root with a
+    small tmpfs, memory/CPU/pid limits, no capabilities or new privileges, a non-host uid, no IPC."""
+    return ["--network", "none", "--read-only", "--memory", limits.memory, "--memory-swap", limits.memory,
+            "--cpus", str(int(limits.cpus * 1e9) / 1e9), "--pids-limit", str(limits.pids),
+            "--user", sandbox_user(), "--ipc", "none", "--tmpfs", f"/tmp:size={limits.tmpfs_size},mode=1777",
+            "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
 
 
 def docker_run_args(image: str, limits: Limits, name: str) -> list[str]:
-    """`docker run` for a session container, with run.hardened's restrictions as flags."""
+    """`docker run` for a session container, with cli_flags' restrictions."""
     return ["docker", "run", "-i", "--rm", "--name", name, *cli_flags(limits), "--log-driver", "none",
             "-e", f"TRACE_RL_MAX_REPLY={getattr(limits, 'max_reply_bytes', 4 << 20)}",
             image, "python3", "/opt/trace_rl/runner.py"]
@@ -80,16 +127,54 @@ def parse_reply(line: bytes) -> dict:
     return reply
 
 
-class EnvSession:
-    """A warm container that can load environment code and call methods on it."""
+class Sandbox(ABC):
+    """A warm sandbox session: what the stages need, whichever backend runs it. Every failure is a
+    `SandboxError` with a kind (see there); a session whose process died is not `alive`, keeps
+    raising its first failure, and is replaced, never reused. `close()` is quick and idempotent."""
 
-    def __init__(self, limits: SessionLimits = SessionLimits(), image: str | None = None):
-        ensure_engine()
+    limits: SessionLimits
+    failure: SandboxError | None = None
+
+    @abstractmethod
+    def load(self, code: str, entry: str = "Env", **kwargs) -> None:
+        """Exec the module and build `entry(**kwargs)`; on failure the session is closed."""
+
+    @abstractmethod
+    def call(self, method: str, *args, **kwargs):
+        """A method of the loaded object; its JSON result."""
+
+    @abstractmethod
+    def exec(self, code: str, timeout: float | None = None) -> str:
+        """Run a snippet in the sandbox; what it printed."""
+
+    @abstractmethod
+    def new_episode(self) -> None:
+        """Restart the per-episode wall clock (call before each reset)."""
+
+    @property
+    @abstractmethod
+    def alive(self) -> bool: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _JsonLinesSession(Sandbox):
+    """The host side of the JSON-lines protocol with runner.py in a child process (both backends):
+    request ids, call/episode timeouts, reply and output caps, typed errors. Subclasses start the
+    process (`_spawn`) and kill it (`_kill`)."""
+
+    what = "process"  # in messages: "<what> exited with ..."
+
+    def __init__(self, limits: SessionLimits):
         self.limits = limits
-        self.name = f"trace-rl-env-{uuid.uuid4().hex[:12]}"
-        self.proc = subprocess.Popen(docker_run_args(image or ensure_image(log=lambda *a: None), limits, self.name),
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     bufsize=0)
+        self.proc = self._spawn()
         self._stderr = bytearray()
         self._stderr_total = 0
         self._buf = b""
@@ -114,13 +199,17 @@ class EnvSession:
     def stderr(self) -> str:
         return bytes(self._stderr).decode(errors="replace")
 
+    @abstractmethod
+    def _spawn(self) -> subprocess.Popen:
+        """Start the runner with pipes on stdin/stdout/stderr (bufsize=0)."""
+
+    @abstractmethod
     def _kill(self) -> None:
-        try:
-            subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """Kill the runner (and whatever it started); may be called more than once, from any thread."""
+
+    def _exit_kind(self, returncode: int | None) -> tuple[str, str] | None:
+        """(kind, message) for a runner that died with `returncode`, when it is not a plain crash."""
+        return None
 
     def _fail(self, kind: str, message: str) -> SandboxError:
         if self.failure is not None:
@@ -128,8 +217,8 @@ class EnvSession:
         self.close()
         if kind == "crashed" and self._stderr_total > self.limits.max_stderr_bytes:
             kind, message = "output_limit", f"wrote over {self.limits.max_stderr_bytes} bytes of output"
-        elif kind == "crashed" and self.proc.returncode in (137, -9):
-            kind, message = "oom", f"killed (exit {self.proc.returncode}): memory limit {self.limits.memory} or killed"
+        elif kind == "crashed" and (known := self._exit_kind(self.proc.returncode)):
+            kind, message = known
         self.failure = SandboxError(kind, message, self.stderr)
         return self.failure
 
@@ -137,7 +226,7 @@ class EnvSession:
         if self.failure is not None:  # a dead session says why it died, not "exit 137"
             raise self.failure
         if self.proc.poll() is not None:
-            raise self._fail("crashed", f"container exited with {self.proc.returncode}")
+            raise self._fail("crashed", f"{self.what} exited with {self.proc.returncode}")
         self._next_id += 1
         req = {**req, "id": self._next_id}
         timeout = timeout or self.limits.call_timeout_s
@@ -149,7 +238,7 @@ class EnvSession:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self.proc.wait(timeout=10)
-            raise self._fail("crashed", f"container exited with {self.proc.returncode}")
+            raise self._fail("crashed", f"{self.what} exited with {self.proc.returncode}")
         deadline = time.monotonic() + min(timeout, remaining_episode)
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
@@ -162,7 +251,7 @@ class EnvSession:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 self.proc.wait(timeout=10)
-                raise self._fail("crashed", f"container exited with {self.proc.returncode}")
+                raise self._fail("crashed", f"{self.what} exited with {self.proc.returncode}")
             self._buf += chunk
             if len(self._buf) > self.limits.max_reply_bytes + 1024:
                 raise self._fail("output_limit", f"reply over {self.limits.max_reply_bytes} bytes")
@@ -180,7 +269,7 @@ class EnvSession:
 
     # -- the environment API
     def load(self, code: str, entry: str = "Env", **kwargs) -> None:
-        """Load the module; on any failure the container is removed (a session that never loaded is useless)."""
+        """Load the module; on any failure the process is removed (a session that never loaded is useless)."""
         try:
             self.request({"op": "load", "code": code, "entry": entry, "kwargs": kwargs}, timeout=30)
         except SandboxError:
@@ -219,7 +308,7 @@ class EnvSession:
                 pass
 
     def close(self) -> None:
-        """Remove the container; at most ~2 s whatever the module is doing."""
+        """Remove the process (container); at most ~2 s whatever the module is doing."""
         draining = False
         if self.proc.poll() is None:
             draining = True
@@ -239,34 +328,212 @@ class EnvSession:
             except OSError:
                 pass
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
+class EnvSession(_JsonLinesSession):
+    """The Docker backend: a warm hardened container (cli_flags) that can load environment code and
+    call methods on it. The one to use for code nobody has verified yet."""
+
+    what = "container"
+
+    def __init__(self, limits: SessionLimits = SessionLimits(), image: str | None = None):
+        ensure_engine()
+        self.name = f"trace-rl-env-{uuid.uuid4().hex[:12]}"
+        self.image = image or ensure_image(log=lambda *a: None)
+        super().__init__(limits)
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(docker_run_args(self.image, self.limits, self.name), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+
+    def _kill(self) -> None:
+        try:
+            subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def _exit_kind(self, returncode):
+        if returncode in (137, -9):
+            return "oom", f"killed (exit {returncode}): memory limit {self.limits.memory} or killed"
+        return None
+
+
+def _size_bytes(size: str) -> int:
+    """A docker size ("512m", "64m", "1g", "1048576") in bytes."""
+    s = str(size).strip().lower().removesuffix("b")
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    if s[-1:] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(float(s))
+
+
+def _user_tasks() -> int | None:
+    """Processes + threads this uid runs now (what RLIMIT_NPROC counts), or None if /proc says nothing."""
+    uid, n = os.getuid(), 0
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                n += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return n or None
+
+
+def _lower_limit(pid: int, which: int, soft: int, hard: int | None = None) -> None:
+    """Lower one rlimit of process `pid` (never above what it already has: raising needs privileges)."""
+    _, cur_hard = resource.prlimit(pid, which)
+    hard = soft if hard is None else hard
+    hard = hard if cur_hard == resource.RLIM_INFINITY else min(hard, cur_hard)
+    try:
+        resource.prlimit(pid, which, (min(soft, hard), hard))
+    except (ValueError, PermissionError):  # this platform or kernel refuses that one: keep going without it
+        pass
+
+
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); import runner; runner.main()"
+_warned = False
+
+
+class SubprocessSession(_JsonLinesSession):
+    """The subprocess backend: the image's runner.py, same JSON-lines protocol, in a plain child
+    process. For a machine without Docker (a GPU box for training), and ONLY for environments that
+    already passed the verifier on the Docker backend: it is NOT isolation against hostile code.
+    The module runs as this user, sees this user's files and the network, and can undo any of this.
+
+    What it keeps of the Docker backend: the call/episode timeouts, the reply and output caps and
+    the typed SandboxErrors (same host-side code); rlimits set on the child before any module code
+    reaches it (address space = limits.memory, CPU seconds = limits.cpu_time_s, processes = what
+    this uid runs now + limits.pids, file size = limits.tmpfs_size, no core files); its own session
+    and process group, killed as one; a fresh temporary directory as cwd, HOME and TMPDIR, removed
+    at close; an environment stripped to PATH/LANG; `python3 -I -S` (no site-packages, no PYTHON*
+    variables) with only the image's files (runner.py, trace_env.py, reward.py, ...) on its path."""
+
+    def __init__(self, limits: SessionLimits = SessionLimits(), python: str | None = None):
+        global _warned
+        if not _warned:
+            _warned = True
+            logging.getLogger(__name__).warning("sandbox backend 'subprocess': environment code runs without "
+                                                "isolation (only for environments verified in Docker)")
+        self.python = python or sys.executable
+        self.dir = Path(tempfile.mkdtemp(prefix="trace-rl-env-"))
+        self.name = self.dir.name
+        lib, work = self.dir / "lib", self.dir / "work"
+        lib.mkdir()
+        work.mkdir()
+        for name, data in runtime_files().items():
+            (lib / name).write_bytes(data)
+        self.lib, self.work = lib, work
+        try:
+            super().__init__(limits)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    def _spawn(self) -> subprocess.Popen:
+        env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": str(self.work), "TMPDIR": str(self.work),
+               "TRACE_RL_MAX_REPLY": str(self.limits.max_reply_bytes)}
+        proc = subprocess.Popen([self.python, "-I", "-S", "-B", "-u", "-c", _BOOT, str(self.lib)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                cwd=self.work, env=env, start_new_session=True, close_fds=True)
+        # The runner only reads stdin until the first request, so limits set now bind all module code
+        # (prlimit from here, not preexec_fn: that is unsafe in a host with threads, as GRPO's is).
+        try:
+            cpu = max(1, int(self.limits.cpu_time_s))
+            _lower_limit(proc.pid, resource.RLIMIT_AS, _size_bytes(self.limits.memory))
+            _lower_limit(proc.pid, resource.RLIMIT_CPU, cpu, cpu + 5)  # SIGXCPU, then SIGKILL
+            _lower_limit(proc.pid, resource.RLIMIT_FSIZE, _size_bytes(self.limits.tmpfs_size))
+            _lower_limit(proc.pid, resource.RLIMIT_CORE, 0)
+            if os.geteuid() != 0 and (tasks := _user_tasks()) is not None:  # root ignores RLIMIT_NPROC
+                _lower_limit(proc.pid, resource.RLIMIT_NPROC, tasks + self.limits.pids)
+        except ProcessLookupError:
+            pass  # it died already: the first request says so
+        return proc
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the runner and whatever it started
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def _exit_kind(self, returncode):
+        if returncode == -signal.SIGXCPU:
+            return "timeout", f"killed (exit {returncode}): used its CPU time limit of {self.limits.cpu_time_s}s"
+        if returncode == -signal.SIGKILL:
+            return "oom", f"killed (exit {returncode}): the host's OOM killer, the CPU time limit or another process"
+        return None
+
+    def close(self) -> None:
+        super().close()
+        self._kill()  # also when the runner died first: what it forked may live on in its group
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+BACKENDS = ("docker", "subprocess")
+
+
+def backend_name(backend: str | None = None) -> str:
+    """The sandbox backend: `backend`, else $TRACE_RL_SANDBOX, else docker."""
+    name = (backend or os.environ.get("TRACE_RL_SANDBOX") or "docker").strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"sandbox backend {name!r} (TRACE_RL_SANDBOX): use one of {', '.join(BACKENDS)}")
+    return name
+
+
+def open_session(limits: SessionLimits = SessionLimits(), backend: str | None = None,
+                 image: str | None = None) -> Sandbox:
+    """A started session on the chosen backend (`image`: the Docker image tag, when known)."""
+    if backend_name(backend) == "subprocess":
+        return SubprocessSession(limits)
+    return EnvSession(limits, image)
+
+
+NO_NETWORK_PROBE = ("import socket, sys\n"
+                    "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('NETWORK')\n"
+                    "except OSError as e:\n    print('no network:', e)\n"
+                    "print(sys.version.split()[0])\n")
+
+
+def self_check(limits: SessionLimits = SessionLimits()) -> tuple[bool, str]:
+    """Open a Docker session (engine started, image built if needed) and run the no-network probe
+    through its `exec`: (ok, what it printed or why it failed). ok: Python ran and reached no network."""
+    try:
+        with EnvSession(limits) as s:
+            out = s.exec(NO_NETWORK_PROBE, timeout=30)
+    except (SandboxError, DockerUnavailable, RuntimeError) as err:  # RuntimeError: a host account has SANDBOX_UID
+        return False, str(err)
+    return "NETWORK" not in out, out.strip()
 
 
 class SessionPool:
     """Warm sessions with one environment loaded, so a GRPO group of 16 episodes does not
     pay 16 cold starts. A session that failed is replaced, never reused."""
 
-    def __init__(self, code: str, size: int = 4, entry: str = "Env", limits: SessionLimits = SessionLimits()):
+    def __init__(self, code: str, size: int = 4, entry: str = "Env", limits: SessionLimits = SessionLimits(),
+                 backend: str | None = None):
         self.code, self.entry, self.limits = code, entry, limits
-        self.image = ensure_image(log=lambda *a: None)
-        self._free: queue.LifoQueue[EnvSession] = queue.LifoQueue()  # the warmest first
-        self._all: list[EnvSession] = []
+        self.backend = backend_name(backend)
+        self.image = ensure_image(log=lambda *a: None) if self.backend == "docker" else None
+        self._free: queue.LifoQueue[Sandbox] = queue.LifoQueue()  # the warmest first
+        self._all: list[Sandbox] = []
         self._lock = threading.Lock()
         for _ in range(size):
             self._free.put(self._new())
 
-    def _new(self) -> EnvSession:
-        s = EnvSession(self.limits, self.image)
+    def _new(self) -> Sandbox:
+        s = open_session(self.limits, self.backend, image=self.image)
         s.load(self.code, self.entry)
         with self._lock:
             self._all.append(s)
         return s
 
-    def acquire(self) -> EnvSession:
+    def acquire(self) -> Sandbox:
         """A warm session; a new one when all are in use (lockstep rollouts hold many at once)."""
         try:
             s = self._free.get_nowait()
@@ -277,7 +544,7 @@ class SessionPool:
         s.new_episode()
         return s
 
-    def release(self, s: EnvSession) -> None:
+    def release(self, s: Sandbox) -> None:
         self._free.put(s if s.alive else self._new())
 
     def close(self) -> None:

@@ -17,6 +17,8 @@ Subclasses implement `generate(rng)` (build the instance, return the first user 
 import json
 import random
 
+from reward import aggregate, SUCCESS_THRESHOLD  # core/reward.py, shipped next to this file
+
 
 class Environment:
     max_steps = 12
@@ -82,11 +84,9 @@ class Environment:
 
     def reward(self):
         s = self.score()
-        comps, weights = s["components"], s["weights"]
-        total = sum(weights.values()) or 1.0
-        value = sum(weights[k] * float(comps[k]) for k in weights) / total
-        value = min(1.0, max(0.0, value))
-        return {"reward": value, "components": comps, "success": value >= 0.99}
+        comps = s["components"]
+        value = aggregate(comps, s["weights"])  # a component outside [0, 1] or a bad weight: ValueError
+        return {"reward": value, "components": comps, "success": value >= SUCCESS_THRESHOLD}
 
     def solve(self):
         return self.reference_actions()
