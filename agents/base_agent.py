@@ -10,6 +10,7 @@ import time
 from typing import Any, Protocol
 
 from trace_rl.core.episode import Episode, Score
+from trace_rl.core.llm import is_context_length_error
 from trace_rl.core.trajectory import Trajectory
 
 
@@ -19,12 +20,6 @@ class Policy(Protocol):
     name: str
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, **kw) -> Any: ...
-
-
-def _is_context_error(err: Exception) -> bool:
-    text = str(err).lower()
-    return any(s in text for s in ("context length", "context_length", "maximum context", "too many tokens",
-                                   "exceeds the context", "n_ctx"))
 
 
 def _error_kind(error: str) -> str | None:
@@ -64,7 +59,7 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         try:
             reply = policy.chat(messages, tools=episode.tools, **chat_kw)
         except Exception as err:  # endpoint failures end the episode, recorded
-            termination = "context_length" if _is_context_error(err) else "llm_error"
+            termination = "context_length" if is_context_length_error(err) else "llm_error"
             error = f"{type(err).__name__}: {err}"[:2000]
             break
         stats["steps"] += 1

@@ -12,18 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def tool_arguments(raw: str | None) -> dict | None:
+    """A tool call's JSON-encoded `arguments` as a dict (empty or missing: {}); None when the
+    text is not a JSON object, so each caller reports a malformed call in its own terms."""
+    try:
+        args = json.loads(raw or "{}")
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
+
+
 def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | None]]:
     """OpenAI tool calls -> (id, name, arguments); arguments is None when not a JSON object,
     so each adapter can report a malformed call in its own benchmark's terms."""
-    out = []
-    for tc in tool_calls:
-        fn = tc["function"]
-        try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except ValueError:
-            args = None
-        out.append((tc.get("id") or f"call_{uuid.uuid4().hex[:12]}", fn["name"], args if isinstance(args, dict) else None))
-    return out
+    return [(tc.get("id") or f"call_{uuid.uuid4().hex[:12]}", tc["function"]["name"],
+             tool_arguments(tc["function"].get("arguments"))) for tc in tool_calls]
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Episode(ABC):
     system_prompt: str
     tools: list[dict]  # OpenAI function-tool schemas
     max_steps: int = 30
+    plain_system_prompt: str | None = None  # a hinted episode's prompt without the hint (GRPO's loss conditions on it)
 
     @abstractmethod
     def reset(self) -> Observation:

@@ -5,14 +5,24 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
+def atomic_write(path: str | Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` fills a temp file beside `path` (unique per process and thread), then one
+    rename puts it in place; a failed write leaves `path` as it was and no temp file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def atomic_write_json(path: str | Path, data) -> None:

@@ -16,17 +16,23 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trace_rl.core.episode import tool_arguments
 
 T = TypeVar("T", bound=BaseModel)
 
 
 class LLMConfig(BaseModel):
+    """One model at one endpoint: every model the pipeline calls is configured with this."""
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
+
     model: str = Field("qwen2.5-coder-0.5b", description="embedded model name, path to a .gguf, or remote model name")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint; unset = serve `model` locally")
-    api_key: str | None = Field(None, description="defaults to $OPENAI_API_KEY, or a dummy for local servers")
-    temperature: float = 0.0
-    max_tokens: int = 512
+    api_key: str | None = Field(None, exclude=True, description="defaults to $OPENAI_API_KEY, or a dummy for local "
+                                                                 "servers; never written to a run directory")
+    temperature: float = Field(0.0, ge=0)
+    max_tokens: int = Field(512, ge=16)
     timeout: float | None = Field(None, description="seconds per request; unset: 3600 for a local CPU server "
                                                     "(a long answer from a 1.5B model takes ~20 min), 600 remote")
     retries: int = 2
@@ -93,6 +99,35 @@ class StructuredOutputError(RuntimeError):
         self.reply = reply
 
 
+# ---------------------------------------------------------------- endpoint errors (openai client's types)
+# Text the endpoints put in a context-overflow 400 when they set no error code: vLLM ("This
+# model's maximum context length is ..."), older llama.cpp and other OpenAI-compatible servers.
+_CONTEXT_WORDING = ("context length", "context_length", "maximum context", "too many tokens", "exceeds the context",
+                    "n_ctx")
+
+
+def is_context_length_error(err: BaseException) -> bool:
+    """The endpoint refused the request as longer than the model's context window: a 400 from
+    the openai client with code `context_length_exceeded` (OpenAI, llama-cpp-python's server),
+    or one whose message is the only signal (vLLM sends no code), checked for the wording."""
+    import openai
+
+    if not isinstance(err, openai.BadRequestError):
+        return False
+    return err.code == "context_length_exceeded" or any(s in err.message.lower() for s in _CONTEXT_WORDING)
+
+
+def is_response_format_rejected(err: BaseException) -> bool:
+    """The endpoint may have refused the request's `response_format`: any 400 from the openai client
+    (its reason is not told apart: retrying without the format is cheap), or another status whose
+    message names `response_format` (a server validating the request body answers 422, one failing
+    to build the grammar 500): there the text is the only signal."""
+    import openai
+
+    return isinstance(err, openai.BadRequestError) or \
+        isinstance(err, openai.APIStatusError) and "response_format" in err.message
+
+
 # ---------------------------------------------------------------- tool calls in text
 _FENCE = re.compile(r"```(?:json|tool_call)?\s*(.*?)```", re.S)
 _TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
@@ -120,10 +155,7 @@ def _as_tool_call(obj: Any, names: set[str] | None) -> ToolCall | None:
     name = obj.get("name")
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            return None
+        args = tool_arguments(args.strip())
     if not isinstance(name, str) or not isinstance(args, dict):
         return None
     if names is not None and name not in names:
@@ -236,12 +268,9 @@ class LLM:
         choice = resp.choices[0]
         calls = []
         for tc in choice.message.tool_calls or []:
-            try:
-                arguments = json.loads(tc.function.arguments or "{}")
-            except ValueError:
-                arguments = {"__malformed__": tc.function.arguments}
-            calls.append(ToolCall(name=tc.function.name, arguments=arguments if isinstance(arguments, dict) else
-                                  {"__malformed__": arguments}, id=tc.id or ToolCall("", {}).id))
+            arguments = tool_arguments(tc.function.arguments)
+            calls.append(ToolCall(name=tc.function.name, id=tc.id or ToolCall("", {}).id,
+                                  arguments={"__malformed__": tc.function.arguments} if arguments is None else arguments))
         usage = resp.usage
         return Reply(content=choice.message.content or "", tool_calls=calls, finish_reason=choice.finish_reason,
                      prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
@@ -279,7 +308,7 @@ class LLM:
             try:
                 reply = self.chat(msgs, **kw)
             except Exception as err:  # an endpoint that rejects response_format: plain prompting instead
-                if "response_format" not in kw or "400" not in str(err) and "response_format" not in str(err):
+                if "response_format" not in kw or not is_response_format_rejected(err):
                     raise
                 kw.pop("response_format")
                 reply = self.chat(msgs, **kw)

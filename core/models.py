@@ -19,6 +19,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from trace_rl.core.io import atomic_write_text
+
 CACHE_ENV = "TRACE_RL_CACHE"
 
 
@@ -127,18 +129,10 @@ def verify(model: EmbeddedModel, full: bool = False) -> bool:
             pass
     ok = sha256_file(path) == model.sha256
     if ok:
-        _atomic_write(stamp, json.dumps({**_stat_key(path), "sha256": model.sha256}))
+        atomic_write_text(stamp, json.dumps({**_stat_key(path), "sha256": model.sha256}))
     else:
         stamp.unlink(missing_ok=True)
     return ok
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _download(specs: tuple[str, ...], dest: Path) -> list[Path]:

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from trace_rl.core.trajectory import Trajectory
+from trace_rl.core.figures import save_figure, subplots
 from trace_rl.core.io import atomic_write_json
 
 
@@ -67,14 +68,9 @@ def write_report(trajs: list[Trajectory], out_dir: str | Path, title: str = "eva
 
 def plot_pass_rates(series: dict[str, dict], path: Path, title: str) -> None:
     """Grouped bars: one bar per (series, group), error bars = Wilson 95% CI."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups = sorted({g for figs in series.values() for g in figs})
     width = 0.8 / max(1, len(series))
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) * max(1, len(series)) ** 0.5), 3.6))
+    fig, ax = subplots(figsize=(max(5, 1.6 * len(groups) * max(1, len(series)) ** 0.5), 3.6))
     for i, (label, figs) in enumerate(series.items()):
         present = [g for g in groups if g in figs]
         xs = [j + i * width for j, g in enumerate(groups) if g in figs]
@@ -91,16 +87,4 @@ def plot_pass_rates(series: dict[str, dict], path: Path, title: str) -> None:
     ax.set_title(title)
     if len(series) > 1:
         ax.legend(fontsize=8)
-    fig.tight_layout()
     save_figure(fig, path)
-
-
-def save_figure(fig, path: Path) -> None:
-    """Write a PNG atomically (temp file, then rename) and close the figure."""
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import Field
 
+from trace_rl.core.episode import tool_arguments
 from trace_rl.core.llm import LLMConfig
 from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task,
                                      decode_tool_calls, register)
@@ -272,8 +273,12 @@ class Tau2Episode(Episode):
         for tc in tool_calls:
             fn = tc["function"]
             requestor = "assistant" if self.solo else tc.get("requestor", "assistant")
-            call = ToolCall(id=tc.get("id") or uuid.uuid4().hex[:8], name=fn["name"],
-                            arguments=json.loads(fn.get("arguments") or "{}"), requestor=requestor)
+            args = tool_arguments(fn.get("arguments"))
+            if args is None:  # a scripted call is the caller's mistake: no episode to record it in
+                raise BenchmarkError(f"replay: tool call {fn['name']!r}: arguments are not a JSON object: "
+                                     f"{str(fn.get('arguments'))[:200]!r}")
+            call = ToolCall(id=tc.get("id") or uuid.uuid4().hex[:8], name=fn["name"], arguments=args,
+                            requestor=requestor)
             if requestor == "assistant":
                 self.trajectory.append(AssistantMessage(role="assistant", tool_calls=[call], timestamp=_now()))
             else:
@@ -442,11 +447,10 @@ class Tau2Benchmark(Benchmark):
                  "function": {"name": a.name, "arguments": json.dumps(a.arguments)}} for a in actions]
 
 
-def _factory(variant: str, **options) -> Tau2Benchmark:
+def tau2_benchmark(variant: str, **options) -> Tau2Benchmark:
     """`telecom`, `airline`, `retail`, `airline@tau3`, `retail@tau3`."""
     domain, _, task_set = (variant or "telecom").partition("@")
     return Tau2Benchmark(domain, task_set=task_set or "tau2", **options)
 
 
-_factory.Options = Tau2Options
-register("tau2", _factory)
+tau2_benchmark.Options = Tau2Options  # found by name through evals.benchmark.BUILTIN

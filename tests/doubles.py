@@ -23,3 +23,17 @@ class ScriptedLLM(LLM):
         if isinstance(out, ToolCall):
             return Reply(content="", tool_calls=[out], prompt_tokens=10, completion_tokens=5)
         return Reply(content=str(out), tool_calls=[], prompt_tokens=10, completion_tokens=5)
+
+
+def endpoint_error(status: int, message: str, code: str | None = None):
+    """The openai client's exception for an HTTP `status` answer (BadRequestError for 400, ...),
+    as `OpenAI().chat.completions.create` raises it: OpenAI-style error body, no network."""
+    from types import SimpleNamespace
+
+    import openai
+
+    cls = {400: openai.BadRequestError, 422: openai.UnprocessableEntityError}.get(
+        status, openai.InternalServerError if status >= 500 else openai.APIStatusError)
+    body = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    response = SimpleNamespace(status_code=status, request=None, headers={})  # what APIStatusError reads
+    return cls(f"Error code: {status} - {{'error': {body}}}", response=response, body=body)

@@ -1,3 +1,4 @@
+import openai
 import pytest
 from pydantic import BaseModel
 
@@ -20,6 +21,16 @@ NAMES = {"get_user", "done"}
 ])
 def test_parse_tool_calls(text, expected):
     assert [(c.name, c.arguments) for c in parse_tool_calls(text, NAMES)] == expected
+
+
+@pytest.mark.parametrize("raw,expected", [(None, {}), ("", {}), ('{"a": 1}', {"a": 1}), ("{bad", None),
+                                          ("[1, 2]", None), ('"text"', None)])
+def test_tool_arguments_are_a_json_object_or_none(raw, expected):
+    from trace_rl.core.episode import decode_tool_calls, tool_arguments
+
+    assert tool_arguments(raw) == expected
+    call = {"id": "c1", "type": "function", "function": {"name": "get_user", "arguments": raw}}
+    assert decode_tool_calls([call]) == [("c1", "get_user", expected)]
 
 
 def test_extract_json_fenced_and_bare():
@@ -74,18 +85,18 @@ def test_real_served_model_returns_parsed_tool_call(qwen05_server):
 
 
 def test_structured_asks_for_schema_constrained_decoding_in_the_endpoints_dialect():
-    from doubles import ScriptedLLM
+    from doubles import ScriptedLLM, endpoint_error
     from trace_rl.agents.analyst import Candidates
 
     class Capture(ScriptedLLM):
-        def __init__(self, script, reject=False):
+        def __init__(self, script, reject=None):
             super().__init__(script)
             self.kws, self.reject = [], reject
 
         def _complete(self, messages, tools, **kw):
             self.kws.append(kw)
             if self.reject and "response_format" in kw:
-                raise RuntimeError("Error code: 400 - unsupported response_format")
+                raise endpoint_error(*self.reject)
             return super()._complete(messages, tools, **kw)
 
     local = Capture(['{"capabilities": []}'])
@@ -97,6 +108,10 @@ def test_structured_asks_for_schema_constrained_decoding_in_the_endpoints_dialec
     remote.config.base_url = "http://127.0.0.1:1/v1"
     remote.structured([{"role": "user", "content": "x"}], Candidates)
     assert remote.kws[0]["response_format"]["type"] == "json_schema"  # vLLM / OpenAI
-    refusing = Capture(['{"capabilities": []}'], reject=True)
-    assert refusing.structured([{"role": "user", "content": "x"}], Candidates).capabilities == []
-    assert "response_format" not in refusing.kws[-1]  # fell back to plain prompting
+    for reject in [(400, "unsupported response_format"), (422, "body.response_format: field required")]:
+        refusing = Capture(['{"capabilities": []}'], reject=reject)
+        assert refusing.structured([{"role": "user", "content": "x"}], Candidates).capabilities == []
+        assert "response_format" not in refusing.kws[-1]  # fell back to plain prompting
+    broken = Capture(['{"capabilities": []}'], reject=(500, "the server crashed"))
+    with pytest.raises(openai.InternalServerError):  # not a refusal of the format: raised, not retried
+        broken.structured([{"role": "user", "content": "x"}], Candidates)

@@ -8,7 +8,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from doubles import ScriptedLLM
+from doubles import ScriptedLLM, endpoint_error
 from trace_rl.agents.base_agent import run_episode
 from trace_rl.core.llm import Reply, ToolCall
 from trace_rl.evals.benchmark import load_benchmark
@@ -60,10 +60,18 @@ def test_max_steps_and_malformed_are_outcomes_not_crashes():
     assert traj.termination == "max_steps" and traj.steps == 4 and traj.malformed_tool_calls == 4
     assert not traj.passed
 
-    def boom(m, t):
-        raise RuntimeError("This model's maximum context length is 4096 tokens")
-    traj = run_episode(ScriptedLLM(boom), b.episode(tid), task_id=tid, benchmark=b.name)
-    assert traj.termination == "context_length" and "maximum context" in traj.reasons["error"]
+    def overflow(code):  # llama-cpp-python's server sets the code; vLLM's 400 has only the message
+        def boom(m, t):
+            raise endpoint_error(400, "This model's maximum context length is 4096 tokens", code)
+        return ScriptedLLM(boom)
+    for code in ("context_length_exceeded", None):
+        traj = run_episode(overflow(code), b.episode(tid), task_id=tid, benchmark=b.name)
+        assert traj.termination == "context_length" and "maximum context" in traj.reasons["error"]
+
+    def refused(m, t):
+        raise endpoint_error(500, "This model's maximum context length is 4096 tokens")
+    traj = run_episode(ScriptedLLM(refused), b.episode(tid), task_id=tid, benchmark=b.name)
+    assert traj.termination == "llm_error"  # only a 400 is a context overflow
 
     text = run_episode(ScriptedLLM(["I think it is fixed."]), b.episode(tid), task_id=tid, benchmark=b.name)
     assert text.termination == "agent_error"  # solo agents may only call tools

@@ -9,10 +9,12 @@ Slower than llama.cpp on CPU for rollouts; needed where gradients or adapters li
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
+from trace_rl.core.episode import tool_arguments
 from trace_rl.core.llm import Reply, Usage, parse_tool_calls
 
 TOOLS_PREAMBLE = (
@@ -32,11 +34,9 @@ def template_messages(messages: list[dict]) -> list[dict]:
             calls = []
             for tc in m["tool_calls"]:
                 fn = dict(tc["function"])
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        fn["arguments"] = json.loads(fn["arguments"] or "{}")
-                    except ValueError:
-                        pass
+                if isinstance(fn.get("arguments"), str):  # a malformed call keeps its text
+                    args = tool_arguments(fn["arguments"])
+                    fn["arguments"] = fn["arguments"] if args is None else args
                 calls.append({**tc, "function": fn})
             m["tool_calls"] = calls
             m["content"] = m.get("content") or ""
@@ -203,6 +203,23 @@ class CachedBatch:
         return results
 
 
+def load_model(name_or_path: str, device: str | None = None, dtype=None):
+    """(model in eval mode, tokenizer) of an embedded model name, a .gguf or a transformers
+    checkpoint directory. Default device: this process's GPU (`LOCAL_RANK` under torchrun /
+    accelerate, one GPU per process) when CUDA is available, else the CPU; default dtype:
+    bf16 on CUDA, fp32 elsewhere."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_rl.core.models import hf_checkpoint
+
+    path = hf_checkpoint(name_or_path)
+    device = device or (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
 class HFPolicy:
     """A transformers model (optionally with a LoRA adapter, or an MoE's routed model) with `chat`.
 
@@ -219,21 +236,13 @@ class HFPolicy:
 
     @classmethod
     def load(cls, model: str, adapter: str | None = None, device: str | None = None, dtype=None, **kw) -> "HFPolicy":
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from trace_rl.core.models import hf_checkpoint
-
-        path = hf_checkpoint(model)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = dtype or (torch.bfloat16 if device == "cuda" else torch.float32)
-        net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        net, tok = load_model(model, device, dtype)
         if adapter:
             from peft import PeftModel
 
             net = PeftModel.from_pretrained(net, adapter).eval()
         name = f"{Path(model).stem}+{Path(adapter).name}" if adapter else Path(model).stem
-        return cls(net, AutoTokenizer.from_pretrained(path), name, **kw)
+        return cls(net, tok, name, **kw)
 
     def _generate(self, ids: list[int], max_new: int, temp: float) -> list[int]:
         import torch
