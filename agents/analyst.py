@@ -16,17 +16,17 @@ import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
-from trace_rl.core.trajectory import Trajectory
-from trace_rl.core.llm import LLM
-from trace_rl.evals.report import save_figure
 from trace_rl.core.io import atomic_write_json
+from trace_rl.core.llm import LLM
+from trace_rl.core.records import CapabilityRecord
+from trace_rl.core.trajectory import Trajectory
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
 
@@ -35,14 +35,6 @@ class Label(str, Enum):
     NA = "NA"
     PRESENT = "PRESENT"
     LACKING = "LACKING"
-
-
-class Status(str, Enum):
-    PENDING = "PENDING"
-    APPROVED = "APPROVED"
-    REJECTED = "REJECTED"
-    DONE = "DONE"
-    NO_CONTRAST = "NO_CONTRAST"  # would pass Cov/Δ, but too few applicable passed trajectories to contrast with
 
 
 # ---------------------------------------------------------------- configuration
@@ -379,30 +371,12 @@ def run_figures(labels: dict[str, Label], outcome: dict[str, bool], cfg: Analysi
                       passed=cov >= cfg.rho - EPS and delta >= cfg.delta - EPS and contrast and reliable)
 
 
-@dataclass
-class CapabilityResult:
-    name: str
-    description: str
-    cov_mean: float
-    cov_std: float
-    delta_mean: float
-    delta_std: float
-    runs_passed: int
-    n_runs: int
-    kept: bool
-    status: str
-    example_failed_task_ids: list[str]
-    reliable_runs: int = 0
-    reason: str = ""  # why it was not kept, in words
-    runs: list[dict] = field(default_factory=list)
-
-
 def reliable(run: LabelRun, pairs: int, cfg: AnalysisConfig) -> bool:
     return run.unlabelled <= cfg.max_unlabelled * pairs + EPS
 
 
 def aggregate(caps: list[Capability], runs: list[LabelRun | dict[str, dict[str, Label]]], outcome: dict[str, bool],
-              cfg: AnalysisConfig) -> list[CapabilityResult]:
+              cfg: AnalysisConfig) -> list[CapabilityRecord]:
     """Kept capabilities first, ranked by mean Δ (then the dropped ones, also by mean Δ)."""
     runs = [r if isinstance(r, LabelRun) else LabelRun(r) for r in runs]
     pairs = len(outcome) * len(caps)
@@ -416,31 +390,44 @@ def aggregate(caps: list[Capability], runs: list[LabelRun | dict[str, dict[str, 
         kept = n_pass >= cfg.k
         gap_runs = sum(f.cov >= cfg.rho - EPS and f.delta >= cfg.delta - EPS and f.reliable for f in figs)
         if kept:
-            status, reason = Status.PENDING, ""
+            status, reason = "PENDING", ""
         elif gap_runs >= cfg.k:  # the gap is there, but there is nothing passed to contrast it with
-            status, reason = Status.NO_CONTRAST, (f"no_contrast: fewer than {cfg.min_passed} applicable passed "
-                                                  f"trajectories in {gap_runs - n_pass} of {len(runs)} runs")
+            status, reason = "NO_CONTRAST", (f"no_contrast: fewer than {cfg.min_passed} applicable passed "
+                                              f"trajectories in {gap_runs - n_pass} of {len(runs)} runs")
         else:
-            status = Status.REJECTED
+            status = "REJECTED"
             reason = (f"only {sum(ok)} of {len(runs)} runs reliable (> {cfg.max_unlabelled:.0%} unlabelled)"
                       if sum(ok) < cfg.k else f"passed Cov ≥ {cfg.rho} and Δ ≥ {cfg.delta} in {n_pass} of "
                                               f"{len(runs)} runs (need {cfg.k})")
         lacking_failed = sorted({k for run in runs for k, d in run.labels.items()
                                  if d.get(cap.name) is Label.LACKING and not outcome.get(k, True)})
-        results.append(CapabilityResult(
+        results.append(CapabilityRecord(
             name=cap.name, description=cap.description,
             cov_mean=statistics.fmean(covs) if covs else 0.0, cov_std=statistics.pstdev(covs) if covs else 0.0,
             delta_mean=statistics.fmean(deltas) if deltas else 0.0,
             delta_std=statistics.pstdev(deltas) if deltas else 0.0,
-            runs_passed=n_pass, n_runs=len(runs), kept=kept, status=status.value,
+            runs_passed=n_pass, n_runs=len(runs), kept=kept, status=status,
             example_failed_task_ids=(lacking_failed or cap.example_task_ids)[:4],
             reliable_runs=sum(ok), reason=reason, runs=[asdict(f) for f in figs]))
     return sorted(results, key=lambda r: (not r.kept, -r.delta_mean))
 
 
+def select_capabilities(caps: list[CapabilityRecord], done: set[str], max_capabilities: int,
+                        train_unkept: int = 0) -> list[CapabilityRecord]:
+    """The capabilities to train next: kept ones not in `done`, best mean Δ first, at most
+    `max_capabilities`; with `train_unkept`, the best unkept candidates fill up to that many,
+    marked `below_threshold` (an explicit opt-in for weak analysts, reported as such)."""
+    fresh = [c for c in caps if c.name not in done]
+    chosen = [c for c in fresh if c.kept][:max_capabilities]
+    if len(chosen) < train_unkept:
+        extra = [c.model_copy(update={"below_threshold": True}) for c in fresh if not c.kept]
+        chosen += extra[:min(train_unkept, max_capabilities) - len(chosen)]
+    return chosen
+
+
 # ---------------------------------------------------------------- the whole analysis
 def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: AnalysisConfig | None = None,
-            progress: bool = True) -> list[CapabilityResult]:
+            progress: bool = True) -> list[CapabilityRecord]:
     """Run discovery (or reuse candidates.json), labelling (cached) and aggregation.
 
     Writes candidates.json, labels/run_XX.json, capabilities.json and cov_delta.png."""
@@ -476,18 +463,15 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "reliable": reliable(r, pairs, cfg)}
                            for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name},
-        "capabilities": [asdict(r) for r in results]})
+        "capabilities": [r.model_dump() for r in results]})
     plot_cov_delta(results, cfg, out / "cov_delta.png")
     return results
 
 
-def plot_cov_delta(results: list[CapabilityResult], cfg: AnalysisConfig, path: Path) -> None:
-    import matplotlib
+def plot_cov_delta(results: list[CapabilityRecord], cfg: AnalysisConfig, path: Path) -> None:
+    from trace_rl.core.figures import save_figure, subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = subplots(figsize=(6, 4.5))
     for r in results:
         ax.errorbar(r.cov_mean, r.delta_mean, xerr=r.cov_std, yerr=r.delta_std, fmt="o",
                     color="tab:green" if r.kept else "tab:gray", capsize=2)
@@ -501,5 +485,4 @@ def plot_cov_delta(results: list[CapabilityResult], cfg: AnalysisConfig, path: P
     ax.set_ylim(-1.02, 1.02)
     ax.set_title(f"capabilities: kept if Cov ≥ ρ and Δ ≥ δ in ≥ {cfg.k} of {cfg.n_runs} runs", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
     save_figure(fig, path)

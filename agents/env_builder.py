@@ -20,7 +20,8 @@ from pydantic import BaseModel, field_validator
 
 from trace_rl import prompts
 from trace_rl.agents.verifier import VerifierReport, VerifyConfig, verify
-from trace_rl.core.io import atomic_write_json
+from trace_rl.core.io import atomic_write_json, atomic_write_text
+from trace_rl.core.records import EnvRecord, TrainedOn
 
 
 class EnvDraft(BaseModel):
@@ -69,6 +70,11 @@ class Target:
     tools: list[dict]
     policy: str
     system_prompt_format: str  # how the target frames its system prompt
+
+    @classmethod
+    def of(cls, benchmark) -> "Target":
+        spec = benchmark.spec()
+        return cls(benchmark.name, spec["tools"], spec["policy"], spec["system_prompt"])
 
 
 def build_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,
@@ -133,9 +139,7 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
             (adir / "builder_reply.txt").write_text(err.reply)  # what it wrote, for whoever reads the findings
         atomic_write_json(adir / "builder_error.json", {"error": str(err)})
         return {"round": rnd, "error": str(err)}
-    tmp = adir / ".env.py.tmp"
-    tmp.write_text(draft.code)
-    tmp.replace(adir / "env.py")
+    atomic_write_text(adir / "env.py", draft.code)
     return {"round": rnd, "env": str(adir / "env.py")}
 
 
@@ -162,28 +166,64 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     return out
 
 
-def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, examples: list[str] = (),
-               reviewer=None, base_policy=None, cfg: VerifyConfig = VerifyConfig(), max_rounds: int = 5,
-               log=print) -> dict:
-    """Build and verify until the environment passes or `max_rounds` are spent.
+def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | None]:
+    """(module text, verifier feedback) of round `rnd` - 1, read from its attempt folder."""
+    prev = attempt_dir(out_dir, rnd - 1)
+    code = (prev / "env.py").read_text() if (prev / "env.py").is_file() else None
+    report = prev / "verifier_report.json"
+    error = prev / "builder_error.json"
+    feedback = json.loads(report.read_text())["feedback"] if report.is_file() else \
+        f"the builder gave no valid module: {json.loads(error.read_text())['error']}" if error.is_file() else None
+    return code, feedback
 
-    Returns {"status": "verified" | "needs_human", "rounds": n, "env": path-or-None}."""
+
+def synthesize_round(capability: dict, target: Target, builder, out_dir: str | Path, rnd: int, *,
+                     examples: list[str] = (), reviewer=None, base_policy=None, cfg: VerifyConfig = VerifyConfig(),
+                     max_rounds: int = 5, library_fallback: bool = False, log=print) -> EnvRecord | None:
+    """Round `rnd` of synthesis: the builder writes (with the last round's findings), the verifier
+    tests it in the sandbox. Returns the outcome once synthesis has ended (verified; or, after the
+    last round, a verified library substitute or `needs_human`), None when another round is due.
+    Everything is cached in the round's folder, so a killed round resumes where it stopped."""
     out = Path(out_dir)
-    feedback = previous = None
-    for rnd in range(1, max_rounds + 1):
-        attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous)
-        report = verify_attempt(attempt, capability, target, cfg, reviewer, base_policy)
-        failed = [f["check"] for f in report.get("findings", []) if not f["passed"]] or ["builder"]
-        log(f"round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")
-        if report["passed"]:
-            result = {"status": "verified", "rounds": rnd, "env": attempt["env"]}
-            atomic_write_json(out / "result.json", result)
-            return result
-        feedback = report["feedback"]
-        previous = Path(attempt["env"]).read_text() if "env" in attempt else previous
-    result = {"status": "needs_human", "rounds": max_rounds, "env": None, "last_findings": feedback}
-    atomic_write_json(out / "result.json", result)
-    return result
+    previous, feedback = previous_round(out, rnd)
+    attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous)
+    report = verify_attempt(attempt, capability, target, cfg, reviewer, base_policy)
+    failed = [f["check"] for f in report.get("findings", []) if not f["passed"]] or ["builder"]
+    log(f"{capability['name']} round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")
+    if report["passed"]:
+        return EnvRecord(status="verified", env=attempt["env"], rounds=rnd)
+    if rnd < max_rounds:
+        return None
+    lib = library_match(capability, target.name) if library_fallback else None
+    if lib is not None:  # verified like any other environment, in its own attempt folder
+        ldir = out / "library"
+        if not (ldir / "env.py").is_file():
+            atomic_write_text(ldir / "env.py", lib["path"].read_text())
+        lib_report = verify_attempt({"round": "library", "env": str(ldir / "env.py")}, capability, target, cfg,
+                                    reviewer, base_policy)
+        if lib_report["passed"]:
+            log(f"{capability['name']}: builder failed {rnd} round(s); SUBSTITUTE: library environment "
+                f"{lib['name']} ({lib['why']})")
+            return EnvRecord(status="verified", env=str(ldir / "env.py"), rounds=rnd, source=f"library:{lib['name']}",
+                             substitute=f"library environment {lib['name']} ({lib['why']}): the builder's {rnd} "
+                                        "round(s) failed", findings=report["feedback"],
+                             trained_on=TrainedOn(name=lib["name"], description=lib["description"]))
+    why = ("library_fallback is off" if not library_fallback else "no library environment matches"
+           if lib is None else f"the matching library environment {lib['name']} failed verification too")
+    return EnvRecord(status="needs_human", env=attempt.get("env"), rounds=rnd, findings=report["feedback"],
+                     reason=f"{rnd} builder round(s) failed verification; {why}")
+
+
+def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, max_rounds: int = 5,
+               **kw) -> EnvRecord:
+    """Build and verify until the environment passes or `max_rounds` are spent (`trace-rl build`);
+    the pipeline runs the same rounds one graph step at a time."""
+    rnd, record = 0, None
+    while record is None:  # the last round always returns one
+        rnd += 1
+        record = synthesize_round(capability, target, builder, out_dir, rnd, max_rounds=max_rounds, **kw)
+    atomic_write_json(Path(out_dir) / "result.json", record.model_dump())
+    return record
 
 
 def library() -> dict[str, Path]:

@@ -44,7 +44,9 @@ class Benchmark(ABC):
     def tasks(self, split: str) -> list[Task]: ...
 
     @abstractmethod
-    def episode(self, task_id: str) -> Episode: ...
+    def episode(self, task_id: str) -> Episode:
+        """A fresh episode of one task. A benchmark GRPO trains on also takes `hinted: bool`: the
+        system prompt then carries a hint, `Episode.plain_system_prompt` the prompt without it."""
 
     def task_tools(self, task_id: str) -> list[str] | None:
         """Names of the tools this task offers, when tasks offer different subsets (None: all of spec()'s)."""
@@ -78,6 +80,7 @@ class BenchmarkError(ValueError):
 
 
 _REGISTRY: dict[str, Callable[..., Benchmark]] = {}
+BUILTIN = {"tau2": "trace_rl.evals.tau2_bench:tau2_benchmark"}  # prefix -> module:factory shipped with trace-rl
 ENTRY_POINTS = "trace_rl.benchmarks"
 
 
@@ -114,13 +117,14 @@ def resolve(spec: str) -> tuple[Callable[..., Benchmark], str]:
     import importlib
     from importlib.metadata import entry_points
 
-    from trace_rl.evals import tau2_bench  # noqa: F401  (registers itself)
-
     prefix, _, rest = spec.partition(":")
+    if prefix in BUILTIN and prefix not in _REGISTRY:  # by name, not import: the adapters import this module
+        module, _, attr = BUILTIN[prefix].partition(":")
+        register(prefix, getattr(importlib.import_module(module), attr))
     if prefix in _REGISTRY:
         return _REGISTRY[prefix], rest
     eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
-    known = ", ".join(sorted(set(_REGISTRY) | set(eps)))
+    known = ", ".join(sorted(set(_REGISTRY) | set(BUILTIN) | set(eps)))
     if prefix in eps:
         try:
             return eps[prefix].load(), rest

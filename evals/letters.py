@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from trace_rl.evals.benchmark import Observation, Score, Task
+from trace_rl.evals.benchmark import Benchmark, Episode, Observation, Score, Task
 
 
-class LetterEpisode:
+class LetterEpisode(Episode):
     """Reward = share of the letter 'a' in the agent's reply: varies with sampled text, so a
     random model's GRPO groups carry signal. A tool call is answered, then the agent replies."""
 
@@ -40,7 +40,7 @@ class LetterEpisode:
         self.closed = True
 
 
-class LetterBench:
+class LetterBench(Benchmark):
     name = "letters"
 
     def splits(self):

@@ -79,14 +79,13 @@ def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model
 def sandbox_check():
     """Start the engine if needed, build the image if needed, run Python with no network."""
     from trace_rl.sandbox.engine import ensure_image
-    from trace_rl.sandbox.run import run_python
+    from trace_rl.sandbox.session import self_check
 
     with console.status("preparing the sandbox image ..."):
         tag = ensure_image(log=console.log)
-    res = run_python("import socket,sys\ntry:\n socket.create_connection(('1.1.1.1',53),timeout=2); print('NETWORK')\n"
-                     "except OSError as e:\n print('no network:', e)\nprint(sys.version.split()[0])")
-    console.print(f"image {tag}: exit {res.exit_code}\n{res.stdout.strip()}")
-    raise typer.Exit(0 if res.exit_code == 0 and "NETWORK" not in res.stdout else 1)
+    ok, text = self_check()
+    console.print(f"image {tag}: {'ok' if ok else 'FAILED'}\n{text}")
+    raise typer.Exit(0 if ok else 1)
 
 
 def _policy(model: str, base_url: str | None, max_tokens: int, temperature: float):
@@ -218,7 +217,7 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None
 
 
 def _print_status(run_dir, st: dict) -> None:
-    from trace_rl.graph.pipeline import STAGE_NODES, row_notes, stage_summary
+    from trace_rl.graph.report import STAGE_NODES, row_notes, stage_summary
 
     t = st.get("timings") or {}
     table = Table("stage", "wall s", "outcome", "detail", title=f"trace-rl run {run_dir}")
@@ -299,7 +298,7 @@ def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed i
 def _saved(run_dir: str):
     from pathlib import Path
 
-    from trace_rl.graph.pipeline import check_run_dir, load_saved_config
+    from trace_rl.graph.rundir import check_run_dir, load_saved_config
 
     check_run_dir(Path(run_dir))  # a damaged run directory: one line, nothing touched
     try:
@@ -321,15 +320,14 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
 @app.command()
 def status(run_dir: str = typer.Argument(..., help="a run directory")):
     """Stages, their wall time and figures; what is pending."""
-    from trace_rl.graph.pipeline import THREAD, compiled
+    from trace_rl.graph.approvals import THREAD, read_decisions
+    from trace_rl.graph.pipeline import compiled
     from trace_rl.graph.web import pending_item
 
     _, app_ = compiled(__import__("pathlib").Path(run_dir), _saved(run_dir))
     state = app_.get_state(THREAD)
     _print_status(run_dir, state.values)
     item = pending_item(run_dir)
-    from trace_rl.graph.pipeline import read_decisions
-
     if item and item["id"] not in read_decisions(run_dir):
         console.print(f"[yellow]pending:[/] {item['title']} ({item['id']}): `trace-rl approve {run_dir}`")
     console.print(f"next: {', '.join(state.next) or 'nothing (finished)'}")
@@ -342,7 +340,8 @@ def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for
     """Decide the pending approval: approve it, or reject the named capabilities / environment."""
     from pathlib import Path
 
-    from trace_rl.graph.pipeline import check_run_dir, read_decisions, record_decision
+    from trace_rl.graph.approvals import read_decisions, record_decision
+    from trace_rl.graph.rundir import check_run_dir
     from trace_rl.graph.web import pending_item
 
     check_run_dir(Path(run_dir))
@@ -381,47 +380,31 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
                                               "the run's train step finds the adapter")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     Multi-GPU: `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
-    import os
     from pathlib import Path
 
-    from pydantic import ValidationError
-
-    from trace_rl.graph.config import load_config
-    from trace_rl.graph.pipeline import Pipeline
-    from trace_rl.training.grpo import PRESETS
+    from trace_rl.core.records import TrainedOn
+    from trace_rl.graph.config import section_settings
+    from trace_rl.training.grpo import PRESETS, GRPOSettings
+    from trace_rl.training.hf_policy import load_model
+    from trace_rl.training.train import train_capability
 
     if preset not in PRESETS:
         console.print(f"[red]error:[/] unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         raise typer.Exit(2)
-    try:
-        settings = PRESETS[preset].model_copy(update={})
-        settings = type(settings).model_validate({**settings.model_dump(), **_overrides(set_)})
-    except ValidationError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2)
+    settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
     code_path = Path(env)
     if not code_path.is_file():
         console.print(f"[red]error:[/] no environment module at {env}")
         raise typer.Exit(2)
     name = name or code_path.stem
-    cfg = load_config(overrides={"train_model": model, "grpo": settings.model_dump(), "heldout_seeds": heldout,
-                                 "train_seeds": train_seeds})
-    pipe = Pipeline(Path(out), cfg, log=console.print)
-    s = {"current": name, "envs": {name: {"env": str(code_path.resolve())}}, "adapters": {name: {}}}
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # data parallel (torchrun / accelerate launch): every process trains; held-out episodes run
-        # afterwards on rank 0 alone, so no process waits in a collective while another evaluates
-        s["adapters"] = {name: pipe.grpo(s)["adapters"][name]}
-        if int(os.environ.get("RANK", "0")):
-            return
-        s["adapters"][name].update(pipe.heldout_before(s)["adapters"][name])
-    else:
-        s["adapters"] = pipe.heldout_before(s)["adapters"]
-        s["adapters"] = {name: pipe.grpo(s)["adapters"][name]}
-    entry = pipe.heldout_after(s)["adapters"][name]
-    console.print(f"[bold]{name}[/]: {entry['steps']} GRPO steps; held-out success "
-                  f"{entry['before']['success']:.0%} -> {entry['after']['success']:.0%}, mean reward "
-                  f"{entry['before']['mean_reward']:.2f} -> {entry['after']['mean_reward']:.2f}; curve {entry['curve']}")
+    entry = train_capability(name, code_path.resolve(), Path(out) / "train" / name, lambda: load_model(model), settings,
+                             trained_on=TrainedOn(name=name, description=name), train_seeds=train_seeds,
+                             heldout_seeds=heldout, log=console.print)
+    if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports
+        return
+    console.print(f"[bold]{name}[/]: {entry.steps} GRPO steps; held-out success "
+                  f"{entry.before.success:.0%} -> {entry.after.success:.0%}, mean reward "
+                  f"{entry.before.mean_reward:.2f} -> {entry.after.mean_reward:.2f}; curve {entry.curve}")
 
 
 @app.command()
@@ -435,8 +418,8 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
           rounds: int = typer.Option(5, help="builder/verifier rounds before a human is asked"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
           calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
-          calib_seeds: int = typer.Option(10, help="calibration seeds (the method: 100)"),
-          calib_samples: int = typer.Option(4, help="samples per seed (the method: 16)")):
+          set_: list[str] = typer.Option(None, "--set", help="a verifier setting, e.g. --set calib_seeds=10 "
+                                                            "(the run config's `verify:` fields)")):
     """Synthesise one capability's training environment: build → verify in the sandbox → findings back."""
     from pathlib import Path
 
@@ -445,6 +428,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.agents.verifier import VerifyConfig
     from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
+    from trace_rl.graph.config import section_settings
     from trace_rl.core.io import atomic_write_json
 
     caps_path = Path(run_dir) / "analysis" / "capabilities.json"
@@ -466,20 +450,20 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     except BenchmarkError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(2)
-    spec = bench.spec()
-    target = Target(bench.name, spec["tools"], spec["policy"], spec["system_prompt"])
+    target = Target.of(bench)
     model = LLM(LLMConfig(model=builder, base_url=builder_url, max_tokens=max_tokens))
-    cfg = VerifyConfig(calib_seeds=calib_seeds, calib_samples=calib_samples)
+    cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
     base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
     out = Path(run_dir) / "envs" / cap["name"]
     t0 = time.perf_counter()
-    result = synthesize(cap, target, model, out, [compact(t, 3000) for t in examples], reviewer=model if review else None,
-                        base_policy=base, cfg=cfg, max_rounds=rounds, log=console.print)
+    record = synthesize(cap, target, model, out, max_rounds=rounds, examples=[compact(t, 3000) for t in examples],
+                        reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
     u = model.usage
-    result["cost"] = {"builder_calls": u.calls, "prompt_tokens": u.prompt_tokens,
-                      "completion_tokens": u.completion_tokens, "wall_seconds": time.perf_counter() - t0}
+    result = {**record.model_dump(), "cost": {"builder_calls": u.calls, "prompt_tokens": u.prompt_tokens,
+                                              "completion_tokens": u.completion_tokens,
+                                              "wall_seconds": time.perf_counter() - t0}}
     atomic_write_json(out / "result.json", result)
-    console.print(f"[bold]{cap['name']}[/] on {bench.name}: {result['status']} after {result['rounds']} round(s); "
+    console.print(f"[bold]{cap['name']}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
                   f"{u.prompt_tokens}+{u.completion_tokens} tokens, {result['cost']['wall_seconds']:.0f}s; attempts in {out}")
 
 
@@ -506,39 +490,24 @@ def load_trajectories(run_dir):
 def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollouts (trajectories.jsonl)"),
             model: str = typer.Option("qwen2.5-coder-1.5b", help="analyst model"),
             base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
-            n_runs: int = typer.Option(10, help="independent labelling runs (N)"),
-            k: int = typer.Option(8, help="runs a capability must pass (K)"),
-            rho: float = typer.Option(0.10, help="minimum coverage"),
-            delta: float = typer.Option(0.20, help="minimum contrast gap"),
-            n_candidates: int = typer.Option(10, help="capabilities proposed in discovery"),
-            context_chars: int = typer.Option(24000, help="trajectory text per analyst call"),
-            per_trajectory_chars: int = typer.Option(6000, help="budget of one compacted trajectory"),
-            concurrency: int = typer.Option(2, help="labelling calls in flight (1 on a small CPU)"),
-            max_tokens: int = typer.Option(2048, help="analyst answer length")):
+            max_tokens: int = typer.Option(2048, help="analyst answer length"),
+            set_: list[str] = typer.Option(None, "--set", help="an analysis setting, e.g. --set n_runs=10 --set k=8 "
+                                                              "(the run config's `analysis:` fields)")):
     """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
     from pathlib import Path
 
-    from pydantic import ValidationError
-
     from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
     from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.graph.config import section_settings
 
     trajs = load_trajectories(run_dir)
     if not trajs:
         console.print(f"[red]error:[/] no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
         raise typer.Exit(2)
-    try:
-        cfg = AnalysisConfig(n_runs=n_runs, k=k, rho=rho, delta=delta, n_candidates=n_candidates,
-                             context_chars=context_chars, per_trajectory_chars=per_trajectory_chars,
-                             concurrency=concurrency)
-    except ValidationError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2)
+    cfg = section_settings(AnalysisConfig, "analysis", _overrides(set_))
     llm = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens))
     out = Path(run_dir) / "analysis"
     results = run_analysis(trajs, llm, out, cfg)
-    import json
-
     summary = json.loads((out / "capabilities.json").read_text())
     unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + ("" if r["reliable"] else " (unreliable)")
                   for r in summary["labelling_runs"]]
@@ -562,7 +531,7 @@ def main():
     from trace_rl.agents.analyst import AnalystError
     from trace_rl.evals.benchmark import BenchmarkError
     from trace_rl.graph.config import ConfigError
-    from trace_rl.graph.pipeline import RunDirError
+    from trace_rl.graph.rundir import RunDirError
 
     try:
         app()

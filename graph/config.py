@@ -9,19 +9,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trace_rl.agents.analyst import AnalysisConfig
+from trace_rl.core.llm import LLMConfig
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
-
-
-class ModelSpec(Strict):
-    model: str = Field(description="embedded model name, path to a .gguf, or a model name at base_url")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; unset = serve `model` locally")
-    max_tokens: int = Field(1024, ge=16)
-    temperature: float = Field(0.0, ge=0)
 
 
 class AgentSettings(Strict):
@@ -66,10 +60,11 @@ class RunConfig(Strict):
     base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
     base_url: str | None = None
     train_model: str | None = Field(None, description="transformers checkpoint of the base (default: made from base_model)")
-    user_model: ModelSpec | None = Field(None, description="user simulator (airline/retail); default: base_model")
-    analyst: ModelSpec = ModelSpec(model="qwen2.5-coder-1.5b", max_tokens=2048)
-    builder: ModelSpec = ModelSpec(model="qwen2.5-coder-1.5b", max_tokens=4096)
-    reviewer: ModelSpec | None = Field(None, description="verifier LLM; default: the builder's model")
+    user_model: LLMConfig | None = Field(None, description="user simulator (airline/retail); default: base_model "
+                                                            "at base_url, temperature 0")
+    analyst: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=2048)
+    builder: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=4096)
+    reviewer: LLMConfig | None = Field(None, description="verifier LLM; default: the builder's model")
     agent: AgentSettings = AgentSettings()
     analysis: AnalysisConfig = AnalysisConfig()
     verify: VerifyConfig = VerifyConfig()
@@ -93,6 +88,11 @@ class RunConfig(Strict):
     loop: LoopSettings = LoopSettings()
     components: str | None = Field(None, description="module:function building the stage components "
                                                       "(LLMs, models); unset = the real ones from this config")
+
+    def agent_llm(self) -> LLMConfig:
+        """The base agent at its endpoint, with the agent settings."""
+        return LLMConfig(model=self.base_model, base_url=self.base_url, max_tokens=self.agent.max_tokens,
+                         temperature=self.agent.temperature)
 
     @model_validator(mode="after")
     def _trials_need_sampling(self):
@@ -123,6 +123,9 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
     data, out, chain = cfg.model_dump(mode="json"), {}, ""
     for section in ("agent", "analysis"):  # how many calls run at once changes no result
         data[section].pop("concurrency", None)
+    for section in ("user_model", "analyst", "builder", "reviewer"):  # nor do timeouts, retries and prices
+        for key in ("timeout", "retries", "price_in_per_mtok", "price_out_per_mtok"):
+            (data[section] or {}).pop(key, None)
     for stage, fields in STAGE_FIELDS.items():
         chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields}, sort_keys=True)).encode()).hexdigest()
         out[stage] = chain[:16]
@@ -182,19 +185,29 @@ def nearest_field(loc: tuple) -> str | None:
     return hits[0] if hits else None
 
 
-def describe(err: ValidationError, source: str) -> str:
-    """One line per problem: the field's dotted path, what is wrong, the value given."""
-    lines = [f"{source}: invalid run configuration"]
+def describe(err: ValidationError, source: str, section: tuple = ()) -> str:
+    """One line per problem: the field's dotted path, what is wrong, the value given. `section`:
+    where the validated model sits in RunConfig (e.g. ("analysis",) for `trace-rl analyze --set`)."""
+    lines = [f"{source}: invalid {'settings' if section else 'run configuration'}"]
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "(top level)"
         if e["type"] == "extra_forbidden":
-            near = nearest_field(e["loc"])
+            near = nearest_field(section + tuple(e["loc"]))
             hint = f"did you mean `{'.'.join(map(str, e['loc'][:-1] + (near,)))}`?" if near else \
                 "check the spelling"
             lines.append(f"  - {path}: unknown field; {hint} (fields: `trace-rl run --show-config`)")
         else:
             lines.append(f"  - {path}: {e['msg']} (got {json.dumps(e.get('input'), default=str)[:80]})")
     return "\n".join(lines)
+
+
+def section_settings(model: type[BaseModel], section: str, over: dict, defaults: dict | None = None):
+    """One section of the run configuration (e.g. AnalysisConfig for `analysis`) from `--set`
+    pairs of a stage command: the same model, the same checks, the same error messages."""
+    try:
+        return model.model_validate({**(defaults or {}), **over})
+    except ValidationError as err:
+        raise ConfigError(describe(err, "--set", (section,))) from None
 
 
 def _deep_merge(base: dict, over: dict) -> dict:

@@ -17,7 +17,7 @@ pre{background:#f6f6f6;padding:1em;overflow:auto;max-height:420px;font-size:12px
 
 
 def pending_item(run_dir: Path) -> dict | None:
-    from trace_rl.graph.pipeline import read_json_file
+    from trace_rl.graph.rundir import read_json_file
 
     p = Path(run_dir) / "pending.json"
     return read_json_file(p, "remove it (the run writes it again when it waits)") if p.is_file() else None
@@ -77,7 +77,7 @@ def render_environment(item: dict, run_dir: Path) -> str:
 
 
 def page(run_dir: Path, message: str = "") -> str:
-    from trace_rl.graph.pipeline import read_decisions
+    from trace_rl.graph.approvals import read_decisions
 
     item = pending_item(run_dir)
     body = f"<p class=ok id=message>{_e(message)}</p>" if message else ""
@@ -111,7 +111,7 @@ def decision_from_form(item: dict, form: dict[str, list[str]]) -> dict:
 
 def serve(run_dir: str | Path, port: int = 0) -> ThreadingHTTPServer:
     """Start the page in a background thread; returns the server (`.shutdown()` to stop)."""
-    from trace_rl.graph.pipeline import record_decision
+    from trace_rl.graph.approvals import record_decision
 
     run_dir = Path(run_dir).resolve()
 

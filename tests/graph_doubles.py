@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 
 from doubles import ScriptedLLM
 from tiny import tiny_model, tiny_tokenizer
@@ -142,6 +143,13 @@ def reviewer_script(messages, tools):
     return json.dumps({"verdict": "pass", "findings": []})
 
 
+def kill_at(node: str) -> None:
+    """Fault injection for the resume tests: SIGKILL after node $TRACE_RL_KILL_AT did its work,
+    before its checkpoint is written."""
+    if os.environ.get("TRACE_RL_KILL_AT") == node:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def components(cfg):
     from trace_rl.graph.pipeline import Components
 
@@ -153,7 +161,7 @@ def components(cfg):
                       analyst=ScriptedLLM(analyst_script, name="scripted-analyst"),
                       builder=ScriptedLLM(builder_script(), name="scripted-builder"),
                       reviewer=ScriptedLLM(reviewer_script, name="scripted-reviewer"), calibration=None,
-                      load_base=load_base)
+                      load_base=load_base, after_node=kill_at)
 
 
 def config(**over):

@@ -104,7 +104,7 @@ def test_adapter_changed_tells_a_fresh_adapter_from_a_trained_one(tmp_path):
 
 
 def test_a_composition_without_gate_examples_is_marked(tmp_path):
-    from trace_rl.graph.pipeline import gates_untrained
+    from trace_rl.training.compose import gates_untrained
 
     tok = tiny_tokenizer()
     saved_adapter(tok, tmp_path / "a", 1)

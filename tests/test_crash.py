@@ -81,6 +81,15 @@ def test_random_sigkills_then_resume_match_an_uninterrupted_run(tmp_path, uninte
     from trace_rl.graph.pipeline import THREAD, compiled
 
     _, app = compiled(run, config())
-    assert summary(app.get_state(THREAD).values) == ref_summary
-    assert stores(run) == stores(ref)
-    assert report(run) == report(ref)
+    got = summary(app.get_state(THREAD).values)
+    assert got == ref_summary, differences(got, ref_summary)
+    assert stores(run) == stores(ref), differences(stores(run), stores(ref))
+    assert report(run) == report(ref), differences(report(run), report(ref))
+
+
+def differences(got, want, path: str = "") -> str:
+    """Where two nested values differ, for the failure message (a flaky seed must say why)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return "; ".join(d for k in sorted(set(got) | set(want), key=str)
+                         if (d := differences(got.get(k), want.get(k), f"{path}.{k}"))) if got != want else ""
+    return "" if got == want else f"{path or '.'}: {str(got)[:200]} != {str(want)[:200]}"

@@ -36,7 +36,7 @@ def test_synthesis_loop_feeds_findings_back(tmp_path, sandbox_image):
     cap = {"name": "precondition_verification", "description": "Checks rules before acting. Matters."}
     result = synthesize(cap, target, builder, tmp_path, cfg=VerifyConfig(seeds=12, determinism_seeds=2),
                         log=lambda *a: None)
-    assert result["status"] == "verified" and result["rounds"] == 2
+    assert result.status == "verified" and result.rounds == 2
     r1 = json.loads((tmp_path / "attempt_01" / "verifier_report.json").read_text())
     assert not r1["passed"] and any(f["check"] == "trivial_do_nothing" and not f["passed"] for f in r1["findings"])
     assert "trivial_do_nothing" in builder.requests[1][-1]["content"]  # findings went back to the builder
@@ -51,7 +51,7 @@ def test_synthesis_gives_up_to_a_human(tmp_path, sandbox_image):
     target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
     result = synthesize({"name": "x_y", "description": "d."}, target, builder, tmp_path, max_rounds=2,
                         log=lambda *a: None)
-    assert result["status"] == "needs_human" and "contract" in result["last_findings"]
+    assert result.status == "needs_human" and "contract" in result.findings
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_01", "attempt_02", "result.json"]
 
 
@@ -60,7 +60,7 @@ def test_an_unparsable_module_is_kept_with_the_error(tmp_path):
     target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
     result = synthesize({"name": "x_y", "description": "d."}, target, builder, tmp_path, max_rounds=1,
                         log=lambda *a: None)
-    assert result["status"] == "needs_human" and "does not parse" in result["last_findings"]
+    assert result.status == "needs_human" and "does not parse" in result.findings
     assert (tmp_path / "attempt_01" / "builder_reply.txt").read_text() == "```python\nclass Env(:\n```"
     assert len(builder.requests) == 3 and "not valid" in builder.requests[2][-1]["content"]
 
@@ -72,7 +72,7 @@ def test_a_failing_builder_endpoint_is_a_recorded_round_not_a_crash(tmp_path):
     target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
     result = synthesize({"name": "x_y", "description": "d."}, target, ScriptedLLM(timeout), tmp_path, max_rounds=1,
                         log=lambda *a: None)
-    assert result["status"] == "needs_human" and "endpoint failed: TimeoutError" in result["last_findings"]
+    assert result.status == "needs_human" and "endpoint failed: TimeoutError" in result.findings
     assert "Request timed out" in json.loads((tmp_path / "attempt_01" / "builder_error.json").read_text())["error"]
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from graph_doubles import config
 from trace_rl.graph.config import ConfigError, load_config
-from trace_rl.graph.pipeline import drive, record_decision
+from trace_rl.graph.approvals import record_decision
+from trace_rl.graph.pipeline import drive
 
 pytestmark = [pytest.mark.docker]
 TESTS = Path(__file__).parent
@@ -19,10 +20,10 @@ TESTS = Path(__file__).parent
 
 def summary(state: dict) -> dict:
     """The parts of a final state that must not depend on how the run got there."""
-    return {"envs": {k: {f: v.get(f) for f in ("status", "rounds", "source", "approved")} for k, v in state["envs"].items()},
-            "adapters": {k: {"steps": v.get("steps"), "before": v["before"]["episodes"], "after": v["after"]["episodes"]}
+    return {"envs": {k: v.model_dump(include={"status", "rounds", "source", "approved"}) for k, v in state["envs"].items()},
+            "adapters": {k: {"steps": v.steps, "before": v.before.episodes, "after": v.after.episodes}
                          for k, v in state["adapters"].items()},
-            "capabilities": [(c["name"], c["kept"], c["status"]) for c in state["capabilities"]],
+            "capabilities": [(c.name, c.kept, c.status) for c in state["capabilities"]],
             "results": {m: (r.get("passed"), r.get("episodes"), r.get("skipped")) for m, r in (state.get("results") or {}).items()},
             "composition": bool(state.get("composition")), "selected": state.get("selected")}
 
@@ -62,7 +63,7 @@ def test_full_path_keeps_the_planted_capability_and_loops_verify_to_build(refere
               "train/lookup_before_answering/grpo/curve.png", "composition/moe.pt", "config.json"):
         assert (run / f).is_file(), f
     report = json.loads((run / "report.json").read_text())
-    assert set(report["timings"]) >= {"rollout", "analyse", "build", "verify", "grpo", "compose", "evaluate"}
+    assert set(report["timings"]) >= {"rollout", "analyse", "synthesise", "train", "compose", "evaluate"}
     assert "| lookup_before_answering |" in (run / "report.md").read_text()
 
 
@@ -77,8 +78,8 @@ def _run(run: Path, resume: bool, kill: str | None = None) -> subprocess.Complet
     return subprocess.run([sys.executable, "-c", code], cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
 
 
-KILL_POINTS = ["rollout", "analyse", "select", "next_capability", "build", "verify", "approve_env", "heldout_before",
-               "grpo", "heldout_after", "compose", "evaluate", "report"]
+KILL_POINTS = ["rollout", "analyse", "select", "next_capability", "synthesise", "approve_env", "train", "compose",
+               "evaluate", "report"]
 
 
 @pytest.mark.parametrize("node", KILL_POINTS)
@@ -103,8 +104,8 @@ def test_a_rejected_environment_is_not_trained(tmp_path, sandbox_image):
     record_decision(tmp_path, out["pending"]["id"], {"action": "reject", "reason": "reward too lenient"})
     done = drive(tmp_path, cfg, resume=True, wait=False, log=lambda *a: None)
     st = done["state"]
-    assert done["status"] == "done" and st["envs"]["lookup_before_answering"]["status"] == "rejected"
-    assert st["envs"]["lookup_before_answering"]["reason"] == "reward too lenient"
+    assert done["status"] == "done" and st["envs"]["lookup_before_answering"].status == "rejected"
+    assert st["envs"]["lookup_before_answering"].reason == "reward too lenient"
     assert not st.get("adapters") and not st.get("composition") and (tmp_path / "report.json").is_file()
     assert not (tmp_path / "train").exists()
 
@@ -116,7 +117,7 @@ def test_capability_approval_can_reject_a_capability(tmp_path, sandbox_image):
     assert [c["name"] for c in out["pending"]["items"]] == ["lookup_before_answering"]
     record_decision(tmp_path, out["pending"]["id"], {"approve": [], "reject": {"lookup_before_answering": "not now"}})
     st = drive(tmp_path, cfg, resume=True, wait=False, log=lambda *a: None)["state"]
-    assert [c["status"] for c in st["capabilities"]] == ["REJECTED", "REJECTED"] and not st.get("envs")
+    assert [c.status for c in st["capabilities"]] == ["REJECTED", "REJECTED"] and not st.get("envs")
     saved = json.loads((tmp_path / "iter_0/analysis/capabilities.json").read_text())["capabilities"]
     assert saved[0]["status"] == "REJECTED"
 
@@ -178,10 +179,10 @@ def test_train_unkept_takes_the_best_candidate_only_when_asked(tmp_path, sandbox
     train_unkept=1 the best-ranked candidate is, and it is marked below_threshold."""
     monkeypatch.setenv("TRACE_RL_WEAK_ANALYST", "1")
     st = drive(tmp_path / "a", config(), resume=False, log=lambda *a: None)["state"]
-    assert not any(c["kept"] for c in st["capabilities"]) and not st.get("adapters") and st["selected"] == 0
+    assert not any(c.kept for c in st["capabilities"]) and not st.get("adapters") and st["selected"] == 0
     st = drive(tmp_path / "b", config(train_unkept=1), resume=False, log=lambda *a: None)["state"]
     best = st["capabilities"][0]
-    assert best["name"] == "lookup_before_answering" and not best["kept"] and best["below_threshold"]
+    assert best.name == "lookup_before_answering" and not best.kept and best.below_threshold
     assert list(st["adapters"]) == ["lookup_before_answering"]
     assert "no (trained anyway: train_unkept)" in (tmp_path / "b" / "report.md").read_text()
 
@@ -189,11 +190,11 @@ def test_train_unkept_takes_the_best_candidate_only_when_asked(tmp_path, sandbox
 def test_an_untrained_adapter_is_left_out_and_the_table_says_so(tmp_path, sandbox_image, monkeypatch):
     """GRPO that never moved the weights: the adapter is `untrained`, nothing is composed, and
     the final table has the base row plus rows that say why they are not results."""
-    import trace_rl.graph.pipeline as pipeline
+    import trace_rl.training.train as train
 
-    monkeypatch.setattr(pipeline, "adapter_changed", lambda path: False)
+    monkeypatch.setattr(train, "adapter_changed", lambda path: False)
     st = drive(tmp_path, config(), resume=False, log=lambda *a: None)["state"]
-    assert st["adapters"]["lookup_before_answering"]["untrained"] and not st.get("composition")
+    assert st["adapters"]["lookup_before_answering"].untrained and not st.get("composition")
     assert st["results"]["base"]["episodes"] == 2 * 2 and st["results"]["base"]["trials"] == 2  # 2 test tasks x 2
     assert st["results"]["moe"]["skipped"].startswith("moe = base: no trained adapter")
     md = (tmp_path / "report.md").read_text()
@@ -223,11 +224,11 @@ def test_a_library_substitute_is_marked_everywhere_or_refused(tmp_path, sandbox_
     env = st["envs"]["lookup_before_answering"]
     md = (tmp_path / "run" / "report.md").read_text()
     if not matching:
-        assert env["status"] == "needs_human" and "no library environment matches" in env["reason"]
+        assert env.status == "needs_human" and "no library environment matches" in env.reason
         assert not st.get("adapters") and "| synthesise | needs_human |" in md
         return
-    assert env["source"] == "library:facts_lookup" and "facts_lookup" in env["substitute"]
-    assert st["adapters"]["lookup_before_answering"]["trained_on"]["name"] == "facts_lookup"
+    assert env.source == "library:facts_lookup" and "facts_lookup" in env.substitute
+    assert st["adapters"]["lookup_before_answering"].trained_on.name == "facts_lookup"
     manifest = json.loads((tmp_path / "run" / "composition" / "manifest.json").read_text())
     assert manifest["adapters"] == ["facts_lookup"]  # named after what it trained on; the router reads that
     assert "facts" in manifest["capabilities"][0]["description"]
@@ -249,7 +250,7 @@ def test_a_changed_config_reruns_that_stage_and_everything_after(tmp_path, refer
     finally:
         del os.environ["TRACE_RL_CALL_LOG"]
     assert any("config changed (grpo): re-running train, compose, evaluate" in m for m in logged), logged
-    assert st["adapters"]["lookup_before_answering"]["steps"] == 3
+    assert st["adapters"]["lookup_before_answering"].steps == 3
     calls = Counter((run / "calls.log").read_text().split()) - Counter(calls_before.split())
     assert calls["analyst"] == 0 and calls["builder"] == 0 and calls["reviewer"] == 0  # unchanged stages: reused
     stale = list((run / "stale").iterdir())
@@ -278,7 +279,7 @@ def test_a_misbehaving_module_is_a_finding_and_the_next_round_comes(tmp_path, sa
     monkeypatch.setattr(graph_doubles, "builder_script", lambda: lambda messages, tools: next(answers))
     st = drive(tmp_path, config(), resume=False, log=lambda *a: None)["state"]
     env = st["envs"]["lookup_before_answering"]
-    assert env["status"] == "verified" and env["rounds"] == 2
+    assert env.status == "verified" and env.rounds == 2
     r1 = json.loads((tmp_path / "envs/lookup_before_answering/attempt_01/verifier_report.json").read_text())
     assert not r1["passed"] and "seed 2" in r1["feedback"] and "[crashed]" in r1["feedback"]
 

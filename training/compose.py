@@ -13,7 +13,6 @@ gates + manifest); `load()` brings it back for evaluation or serving.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -127,19 +126,6 @@ def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]],
     return rows
 
 
-def load_base(model: str):
-    """(model, tokenizer) of an embedded model name or a transformers checkpoint directory."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trace_rl.core.models import hf_checkpoint
-
-    path = hf_checkpoint(model)
-    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"  # one GPU per process
-    dtype = torch.bfloat16 if device != "cpu" else torch.float32
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval(), AutoTokenizer.from_pretrained(path)
-
-
 def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[dict],
             conversations: list[tuple[list[dict], list[dict]]], out_dir: str | Path, epochs: int = 3,
             lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3) -> LoRAMoE:
@@ -163,3 +149,44 @@ def load(model, tokenizer, path: str | Path, **kw) -> Composition:
     manifest = json.loads((Path(path) / "manifest.json").read_text())
     return Composition(LoRAMoE.load(model, path), tokenizer, manifest.get("capabilities") or
                        [{"name": n, "description": n} for n in manifest["adapters"]], **kw)
+
+
+def gates_untrained(composition_dir: str | Path) -> bool:
+    """A composition whose gates saw no example routes every token to the base (slot 0)."""
+    manifest = json.loads((Path(composition_dir) / "manifest.json").read_text())
+    return not (manifest.get("gate_training") or {}).get("examples")
+
+
+def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, epochs: int = 3,
+                    lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3,
+                    log=print) -> tuple[str | None, bool | None]:
+    """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
+    named and described after what it really trained on, gates trained on the successful GRPO
+    and held-out episodes. Returns (composition dir, gates untrained), or (None, None) when no
+    adapter changed. Reuses a saved composition of the same adapters."""
+    from trace_rl.core.trajectory import TrajectoryStore
+
+    trained = {k: v for k, v in adapters.items() if v.adapter and not v.untrained}
+    if not trained:
+        log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
+        return None, None
+    names: dict[str, str] = {}
+    for k, v in trained.items():  # two capabilities substituted by one library env keep apart
+        names[k] = v.trained_on.name if v.trained_on.name not in names.values() else f"{v.trained_on.name}@{k}"
+    out, train_dir = Path(out_dir), Path(train_dir)
+    manifest = out / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text())["adapters"] == list(names.values()):
+        return str(out), gates_untrained(out)
+    convs = []
+    for name in trained:
+        tools = json.loads((train_dir / name / "tools.json").read_text())
+        for sub in ("grpo/rollouts", "heldout_after"):
+            convs += [(t.messages, tools) for t in TrajectoryStore(train_dir / name / sub).all() if t.passed]
+    model, tok = load_base()
+    caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
+    compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, epochs=epochs, lr=lr,
+            weight_decay=weight_decay, lb_weight=lb_weight)
+    if gates_untrained(out):
+        log("compose: GATES UNTRAINED: no successful rollout to train the gates on; the moe row routes every token "
+            "to the base")
+    return str(out), gates_untrained(out)

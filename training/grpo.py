@@ -26,6 +26,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trace_rl.core.io import atomic_write_json
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.core.llm import Reply, parse_tool_calls
 
@@ -101,7 +102,7 @@ class TokenRollout:
 
         ep = self.bench.episode(task_id, hinted=hinted)
         obs = ep.reset()
-        plain = getattr(ep, "plain_system_prompt", None) or ep.system_prompt
+        plain = ep.plain_system_prompt or ep.system_prompt
         ids = lambda system: encode(self.tok, render(self.tok, [{"role": "system", "content": system}, *obs.messages],
                                                      ep.tools, add_generation_prompt=True))
         te = TokenEpisode(task_id, hinted, ids(plain), ids(ep.system_prompt),
@@ -377,9 +378,7 @@ class CapabilityGRPO:
 
             shutil.rmtree(adapter)
         tmp.rename(adapter)
-        tmp_log = self.out / ".train_log.json.tmp"  # atomic: a kill mid-write must not leave half a log
-        tmp_log.write_text(json.dumps(log, indent=1))
-        tmp_log.replace(self.out / "train_log.json")
+        atomic_write_json(self.out / "train_log.json", log)  # a kill mid-write must not leave half a log
         plot_curve(log, curve, f"GRPO: {self.name}")
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 
@@ -401,15 +400,10 @@ def adapter_changed(adapter_dir: str | Path) -> bool:
 
 def plot_curve(log: list[dict], path: Path, title: str) -> None:
     """Reward, success, KL and episode length per step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from trace_rl.evals.report import save_figure
+    from trace_rl.core.figures import save_figure, subplots
 
     steps = [r.get("step", i + 1) for i, r in enumerate(log)]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    fig, axes = subplots(1, 3, figsize=(11, 3.2))
     series = [("reward", "reward"), ("rewards/env_success/mean", "success")]
     for key, label in series:
         axes[0].plot(steps, [r.get(key, float("nan")) for r in log], marker=".", label=label)
@@ -428,5 +422,4 @@ def plot_curve(log: list[dict], path: Path, title: str) -> None:
     for ax in axes:
         ax.set_xlabel("step")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     save_figure(fig, path)

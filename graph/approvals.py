@@ -1,0 +1,42 @@
+"""The approvals store: RUN_DIR/approvals.json holds a decision per pending item id, written by
+`trace-rl approve`, the web page or auto-approve, and read when the graph resumes."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from trace_rl.core.io import atomic_write_json
+from trace_rl.graph.rundir import read_json_file
+
+THREAD = {"configurable": {"thread_id": "trace-rl"}}
+
+
+def pending(app) -> list[dict]:
+    """Interrupts waiting for a decision (at most one: the graph runs one node at a time)."""
+    state = app.get_state(THREAD, subgraphs=True)
+    out = []
+    for task in state.tasks:
+        out += [i.value for i in task.interrupts]
+    return out
+
+
+def decisions_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "approvals.json"
+
+
+def read_decisions(run_dir: Path) -> dict:
+    p = decisions_path(run_dir)
+    return read_json_file(p, "fix or remove it (decisions are asked again)") if p.is_file() else {}
+
+
+def record_decision(run_dir: Path, item_id: str, decision: dict) -> None:
+    data = read_decisions(run_dir)
+    data[item_id] = {**decision, "at": time.time()}
+    atomic_write_json(decisions_path(run_dir), data)
+
+
+def auto_decision(item: dict) -> dict:
+    if item["kind"] == "capabilities":
+        return {"approve": [c["name"] for c in item["items"]], "reject": {}, "by": "auto"}
+    return {"action": "approve" if item.get("verified") else "reject", "by": "auto",
+            "reason": "" if item.get("verified") else "not verified; unattended run"}

@@ -1,0 +1,108 @@
+"""The run report: what each stage produced, substituted or skipped, in words, plus the final
+table. One reader of the typed records for report.json/report.md, `trace-rl status` and the web page."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from trace_rl.core.io import atomic_write_json, atomic_write_text
+from trace_rl.core.records import AdapterRecord, CapabilityRecord, EnvRecord
+
+# graph nodes whose wall time a stage row sums
+STAGE_NODES = {"synthesise": ["synthesise", "approve_env"], "analyse": ["analyse", "select"]}
+CAPABILITY_COLUMNS = ("name", "description", "cov_mean", "delta_mean", "runs_passed", "n_runs", "kept",
+                      "below_threshold", "status", "reason")
+
+
+def row_notes(s: dict) -> dict[str, str]:
+    """Why an evaluation row is not a result of its own: {mode: note}."""
+    adapters: dict[str, AdapterRecord] = s.get("adapters") or {}
+    untrained = [k for k, v in adapters.items() if v.untrained]
+    notes = {}
+    if not s.get("composition"):
+        why = (f"no trained adapter ({', '.join(untrained)}: weights never changed)" if untrained
+               else "no adapter was trained")
+        notes.update({"moe": f"moe = base: {why}", "router": f"router = base: {why}"})
+    elif s.get("gates_untrained"):
+        notes["moe"] = "moe = base: gates untrained (0 successful rollouts to train them on)"
+    for v in adapters.values():
+        if v.substitute:
+            notes[v.trained_on.name] = f"trained on a substitute: {v.substitute}"
+    return notes
+
+
+def stage_summary(s: dict) -> list[dict]:
+    """What each stage produced, substituted or skipped, in words: the report's first table."""
+    rows = []
+    figs = (s.get("rollout_figures") or [{}])[-1]
+    if figs:
+        rows.append({"stage": "rollout", "outcome": "produced",
+                     "detail": f"{figs['episodes']} episodes of {figs['model']}, {figs['passed']} passed"})
+    caps: list[CapabilityRecord] = s.get("capabilities") or []
+    runs = (s.get("analysis") or {}).get("labelling_runs") or []
+    unl = ", ".join(f"{r['unlabelled']}/{r['pairs']}" + ("" if r["reliable"] else " unreliable") for r in runs)
+    kept = [c.name for c in caps if c.kept]
+    forced = [c.name for c in caps if c.below_threshold]
+    if caps:
+        rows.append({"stage": "analyse", "outcome": "produced" if kept else "substituted" if forced else "nothing kept",
+                     "detail": f"{len(caps)} candidates, kept: {', '.join(kept) or 'none'}"
+                               + (f"; trained below threshold (train_unkept): {', '.join(forced)}" if forced else "")
+                               + (f"; unlabelled pairs per run: {unl}" if unl else "")})
+    env: EnvRecord
+    for name, env in (s.get("envs") or {}).items():
+        outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status
+        rows.append({"stage": "synthesise", "outcome": outcome, "detail": f"{name}: " + (
+            env.substitute or env.reason or f"{env.status} after {env.rounds} builder round(s)")})
+    a: AdapterRecord
+    for a in (s.get("adapters") or {}).values():
+        held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""
+        rows.append({"stage": "train", "outcome": "untrained" if a.untrained else "produced",
+                     "detail": f"{a.trained_on.name}: {a.steps} GRPO steps"
+                               + (" (weights never changed)" if a.untrained else "") + held})
+    if s.get("results") is not None:
+        rows.append({"stage": "compose", "outcome": "skipped" if not s.get("composition") else
+                     "gates untrained" if s.get("gates_untrained") else "produced",
+                     "detail": row_notes(s).get("moe", s.get("composition") or "")})
+    return rows
+
+
+def report_data(s: dict, run_dir: Path, benchmark: str) -> dict:
+    """report.json: the state's records as plain JSON, with the stage summary."""
+    return {"run_dir": str(run_dir), "benchmark": benchmark, "iteration": s.get("iteration", 0),
+            "rollouts": s.get("rollout_figures"),
+            "capabilities": [c.model_dump(include=set(CAPABILITY_COLUMNS)) for c in s.get("capabilities") or []],
+            "analysis": s.get("analysis"),
+            "environments": {k: v.model_dump() for k, v in (s.get("envs") or {}).items()},
+            "adapters": {k: v.model_dump() for k, v in (s.get("adapters") or {}).items()},
+            "composition": s.get("composition"), "gates_untrained": s.get("gates_untrained"),
+            "evaluation": s.get("results"), "stages": stage_summary(s), "notes": row_notes(s),
+            "timings": s.get("timings")}
+
+
+def render_markdown(r: dict) -> str:
+    lines = [f"# trace-rl run: {r['benchmark']}", "", "## What each stage produced", "",
+             "| stage | outcome | detail |", "|---|---|---|"]
+    lines += [f"| {x['stage']} | {x['outcome']} | {x['detail']} |" for x in r.get("stages") or []]
+    lines += ["", "## Capabilities", "", "| capability | Cov | Δ | runs passed | kept | status | why not |",
+              "|---|---|---|---|---|---|---|"]
+    for c in r.get("capabilities") or []:
+        kept = "yes" if c["kept"] else "no (trained anyway: train_unkept)" if c.get("below_threshold") else "no"
+        lines.append(f"| {c['name']} | {c['cov_mean']:.2f} | {c['delta_mean']:+.2f} | {c['runs_passed']}/{c['n_runs']} | "
+                     f"{kept} | {c['status']} | {c.get('reason') or ''} |")
+    if r.get("evaluation"):
+        lines += ["", "## Evaluation", "", "| mode | tasks × trials | pass@1 | passed | mean reward | note |",
+                  "|---|---|---|---|---|---|"]
+        for mode, g in r["evaluation"].items():
+            if "skipped" in g:
+                lines.append(f"| {mode} | – | – | – | – | not evaluated: {g['skipped']} |")
+                continue
+            lines.append(f"| {mode} | {g['tasks']} × {g.get('trials', 1)} | {g['pass@1']:.1%} | "
+                         f"{g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} | {(r.get('notes') or {}).get(mode, '')} |")
+    lines += ["", "## Wall time per stage (s)", ""] + [f"- {k}: {v:.0f}" for k, v in (r.get("timings") or {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_run_report(s: dict, run_dir: Path, benchmark: str) -> dict:
+    report = report_data(s, run_dir, benchmark)
+    atomic_write_json(run_dir / "report.json", report)
+    atomic_write_text(run_dir / "report.md", render_markdown(report))
+    return report

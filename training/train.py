@@ -1,0 +1,99 @@
+"""The train stage for one capability: held-out success of the base, GRPO, held-out success after.
+
+Everything lands in one folder (tools.json, heldout_before/, grpo/, heldout_after/, report.json);
+each part resumes from what is there, so a killed run redoes nothing finished.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from trace_rl.core.io import atomic_write_json
+from trace_rl.core.records import AdapterRecord, HeldOut, TrainedOn
+from trace_rl.core.trajectory import TrajectoryStore
+from trace_rl.evals.report import summarize
+from trace_rl.evals.rollout import rollout
+from trace_rl.evals.synthetic import SyntheticBenchmark
+from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings, adapter_changed
+from trace_rl.training.hf_policy import HFPolicy
+
+HELDOUT_START = 10**6  # held-out seeds start here: disjoint from the training seeds
+
+
+def env_benchmark(name: str, code: str, seeds: range) -> SyntheticBenchmark:
+    return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1)
+
+
+def env_tools(name: str, code: str) -> list[dict]:
+    """The tool schemas the environment offers (what the router's gate examples are rendered with)."""
+    with env_benchmark(name, code, range(1)) as bench:
+        ep = bench.episode("0")
+        try:
+            ep.reset()
+            return ep.tools
+        finally:
+            ep.close()
+
+
+def heldout(name: str, code: str, policy, seeds: int, store: Path, max_turns: int) -> HeldOut:
+    ids = range(HELDOUT_START, HELDOUT_START + seeds)
+    with env_benchmark(name, code, ids) as bench:
+        trajs = rollout(bench, policy, [str(x) for x in ids], TrajectoryStore(store), split="heldout",
+                        max_steps=max_turns)
+    figs = next(iter(summarize(trajs).values()))
+    return HeldOut(success=figs["pass@1"], mean_reward=figs["mean_reward"], episodes=figs["episodes"])
+
+
+def grpo(name: str, code: str, load_base: Callable[[], tuple], out: Path, settings: GRPOSettings,
+         train_seeds: int, log=print) -> tuple[str, int, str | None, bool]:
+    """(adapter path, steps, curve PNG, untrained) — from disk when the adapter is already there."""
+    if (out / "adapter" / "adapter_config.json").is_file() and (out / "train_log.json").is_file():
+        steps = len(json.loads((out / "train_log.json").read_text()))
+        curve = out / "curve.png"
+        return str(out / "adapter"), steps, str(curve) if curve.is_file() else None, not adapter_changed(out / "adapter")
+    model, tok = load_base()
+    ids = [str(x) for x in range(train_seeds)]
+    with env_benchmark(name, code, range(train_seeds)) as bench:
+        res = CapabilityGRPO(model, tok, bench, ids, out, settings, name=name).train()
+    untrained = not adapter_changed(res.adapter)
+    if untrained:
+        log(f"{name}: UNTRAINED: after {res.steps} GRPO steps every LoRA B matrix is still zero "
+            "(no step had a reward signal); the adapter is left out of the composition")
+    return res.adapter, res.steps, res.curve, untrained
+
+
+def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
+                     settings: GRPOSettings, *, trained_on: TrainedOn, train_seeds: int = 1000,
+                     heldout_seeds: int = 20, substitute: str | None = None, log=print) -> AdapterRecord | None:
+    """Held-out before, GRPO, held-out after, for one capability's environment module `env`.
+
+    Under torchrun (WORLD_SIZE > 1) every process trains and rank 0 alone then measures
+    held-out success (no process waits in a collective while another evaluates); the other
+    ranks return None."""
+    out, code = Path(out_dir), Path(env).read_text()
+    if not (out / "tools.json").is_file():  # before training: a kill after the adapter is saved must find it too
+        atomic_write_json(out / "tools.json", env_tools(name, code))
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+    def measure(model, tok, tag: str) -> HeldOut:
+        policy = HFPolicy(model, tok, tag if tag == "base" else name, max_new_tokens=settings.max_turn_tokens)
+        return heldout(name, code, policy, heldout_seeds, out / f"heldout_{'before' if tag == 'base' else 'after'}",
+                       settings.max_turns)
+
+    before = None if distributed else measure(*load_base(), "base")
+    adapter, steps, curve, untrained = grpo(name, code, load_base, out / "grpo", settings, train_seeds, log)
+    if distributed:
+        if int(os.environ.get("RANK", "0")):
+            return None
+        before = measure(*load_base(), "base")
+    from peft import PeftModel
+
+    model, tok = load_base()
+    after = measure(PeftModel.from_pretrained(model, adapter).eval(), tok, name)
+    record = AdapterRecord(trained_on=trained_on, before=before, after=after, adapter=adapter, steps=steps,
+                           curve=curve, untrained=untrained, substitute=substitute)
+    atomic_write_json(out / "report.json", {"capability": name, **record.model_dump()})
+    log(f"{name}: held-out success {before.success:.0%} -> {after.success:.0%}")
+    return record
