@@ -1,0 +1,263 @@
+"""Spec mode on the host: the schema a builder's JSON spec is decoded under, and the module text
+that carries a spec into the sandbox.
+
+The builder (a small model) writes a spec, never Python; `EnvSpec.model_json_schema()` is the
+`response_format` schema (llama.cpp turns it into a grammar). The spec runs only in the sandbox,
+interpreted by sandbox/image/spec_env.py, whose docstring documents the format and whose
+`check_spec` gives the findings (`check_in_sandbox` asks a sandbox for them). The models here
+mirror spec_env's shapes; tests/test_spec_runtime.py checks that the two name the same things.
+"""
+from __future__ import annotations
+
+import json
+import pprint
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+
+# An expression: any JSON value (strings are templates). Spelt out, as llama.cpp's grammar needs a type.
+Expr = Annotated[Any, WithJsonSchema({"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null",
+                                                                      "array", "object")]})]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)  # "0.2" is not a weight
+
+
+# ---------------------------------------------------------------- predicates
+class CallPattern(_Strict):
+    tool: str
+    args: dict[str, Expr] = Field(default_factory=dict, description="a subset the call's arguments must contain")
+
+
+class Called(_Strict):
+    op: Literal["called"]
+    tool: str
+    args: dict[str, Expr] = Field(default_factory=dict, description="a subset the call's arguments must contain")
+    only: bool = Field(False, description="every call of the tool matched args")
+
+
+class NotCalled(_Strict):
+    op: Literal["not_called"]
+    tool: str
+    args: dict[str, Expr] = Field(default_factory=dict)
+
+
+class CalledBefore(_Strict):
+    op: Literal["called_before"]
+    first: CallPattern
+    then: CallPattern
+
+
+class ReplyContains(_Strict):
+    op: Literal["reply_contains"]
+    text: Expr
+
+
+class StateEquals(_Strict):
+    op: Literal["state_equals"]
+    path: str = Field(description="e.g. task.reservation.status")
+    value: Expr
+
+
+class Compare(_Strict):
+    op: Literal["compare"]
+    left: Expr
+    cmp: Literal["==", "!=", "<", "<=", ">", ">=", "in"]
+    right: Expr
+
+
+class AllOf(_Strict):
+    op: Literal["all"]
+    of: list[Predicate]
+
+
+class AnyOf(_Strict):
+    op: Literal["any"]
+    of: list[Predicate]
+
+
+class Not(_Strict):
+    op: Literal["not"]
+    of: Predicate
+
+
+class If(_Strict):
+    op: Literal["if"]
+    cond: Predicate
+    then: Predicate
+    else_: Predicate | None = Field(None, alias="else")
+
+
+Predicate = Annotated[Union[Called, NotCalled, CalledBefore, ReplyContains, StateEquals, Compare, AllOf, AnyOf,
+                            Not, If], Field(discriminator="op")]
+for _model in (AllOf, AnyOf, Not, If):
+    _model.model_rebuild()
+
+# ---------------------------------------------------------------- state and task values
+class IdField(_Strict):
+    type: Literal["id"]
+    pattern: str = Field(description="one {n} or {n:0Kd} slot, e.g. 'R{n:04d}'")
+
+
+class ChoiceField(_Strict):
+    type: Literal["choice"]
+    values: list[Expr] = Field(min_length=1, max_length=200)
+
+
+class IntField(_Strict):
+    type: Literal["int"]
+    min: int
+    max: int
+
+
+class FloatField(_Strict):
+    type: Literal["float"]
+    min: float
+    max: float
+
+
+class BoolField(_Strict):
+    type: Literal["bool"]
+    p: float = Field(0.5, ge=0, le=1)
+
+
+class RefField(_Strict):
+    type: Literal["ref"]
+    entity: str
+
+
+class DateField(_Strict):
+    type: Literal["date"]
+    start: str = Field(description="YYYY-MM-DD")
+    days: int = Field(ge=0, le=3650)
+
+
+class ConstField(_Strict):
+    type: Literal["const"]
+    value: Expr
+
+
+class Pick(_Strict):
+    type: Literal["pick"]
+    entity: str
+    where: dict[str, Expr] = Field(default_factory=dict)
+
+
+class Fact(_Strict):
+    type: Literal["fact"]
+    pred: Predicate
+
+
+_FIELDS = (IdField, ChoiceField, IntField, FloatField, BoolField, RefField, DateField, ConstField)
+FieldSpec = Annotated[Union[_FIELDS], Field(discriminator="type")]
+TaskVar = Annotated[Union[(*_FIELDS, Pick, Fact)], Field(discriminator="type")]
+
+
+class Entity(_Strict):
+    count: list[int] = Field(min_length=2, max_length=2, description="[lo, hi] records")
+    fields: dict[str, FieldSpec]
+
+
+# ---------------------------------------------------------------- tools, reference, reward
+class Read(_Strict):
+    kind: Literal["read"]
+    entity: str
+    arg: str = Field(description="the tool argument holding the key")
+    field: str | None = None
+
+
+class Update(Read):
+    kind: Literal["update", "write"]
+    set: dict[str, Expr] = Field(default_factory=dict)
+    guard: Predicate | None = None
+    error: str | None = None
+
+
+class ListTool(_Strict):
+    kind: Literal["list"]
+    entity: str
+    where: dict[str, Expr] = Field(default_factory=dict)
+    project: str | None = None
+
+
+class Const(_Strict):
+    kind: Literal["const"]
+    result: Expr
+
+
+Tool = Annotated[Union[Read, Update, ListTool, Const], Field(discriminator="kind")]
+
+
+class CallStep(_Strict):
+    call: str
+    args: dict[str, Expr] = Field(default_factory=dict)
+    when: Predicate | None = None
+
+
+class ReplyStep(_Strict):
+    reply: str
+    when: Predicate | None = None
+
+
+class Component(_Strict):
+    name: str
+    weight: float = Field(gt=0, le=100)
+    pred: Predicate
+
+
+class EnvSpec(_Strict):
+    """A training environment as data (format: sandbox/image/spec_env.py)."""
+    name: str = ""
+    system_prompt: str
+    hint: str = ""
+    max_steps: int = Field(10, ge=1, le=50)
+    tools: dict[str, Tool] = Field(description="target tool name -> behaviour")
+    entities: dict[str, Entity] = Field(default_factory=dict)
+    task: dict[str, TaskVar] = Field(default_factory=dict)
+    user_message: str
+    reference: list[Union[CallStep, ReplyStep]] = Field(min_length=1, max_length=30)
+    reward: list[Component] = Field(min_length=1, max_length=20)
+
+    def to_spec(self) -> dict:
+        """The plain dict spec_env runs (defaults left out, `else` spelt as such)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+# ---------------------------------------------------------------- into the sandbox
+def exposed_tools(spec: dict, target_tools: list[dict]) -> list[dict]:
+    """The target's own schemas of the tools the spec names (copied, never retyped by the model)."""
+    names = spec.get("tools") if isinstance(spec, dict) and isinstance(spec.get("tools"), dict) else {}
+    return [t for t in target_tools if t["function"]["name"] in names]
+
+
+def render_module(spec: dict, target_tools: list[dict]) -> str:
+    """An env module for the existing loader and verifier: the spec and the schemas as literals
+    (pprint's repr of JSON values: the spec's text cannot become code)."""
+    fmt = lambda x: pprint.pformat(x, width=110, sort_dicts=False)  # noqa: E731
+    return ('"""A spec-built environment: the data below, run by spec_env.SpecEnv (sandbox/image/spec_env.py)."""\n'
+            "from spec_env import SpecEnv\n\n"
+            f"SPEC = {fmt(spec)}\n\n"
+            f"TOOLS = {fmt(exposed_tools(spec, target_tools))}\n\n\n"
+            "class Env(SpecEnv):\n"
+            "    SPEC = SPEC\n"
+            "    TOOLS = TOOLS\n")
+
+
+def check_in_sandbox(spec: dict, target_tools: list[dict], seeds: int = 5, limits=None) -> list[dict]:
+    """spec_env.check_spec run inside a sandbox: the findings, or one finding saying why none came."""
+    from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
+
+    try:
+        payload = json.dumps([spec, target_tools])
+    except (TypeError, ValueError) as err:
+        return [{"check": "schema", "passed": False, "detail": f"spec: not JSON ({err})"}]
+    snippet = ("import json, spec_env\n"
+               f"spec, tools = json.loads({payload!r})\n"
+               f"print(json.dumps(spec_env.check_spec(spec, tools, range({int(seeds)}))))\n")
+    try:
+        with EnvSession(limits or SessionLimits()) as session:
+            return json.loads(session.exec(snippet, timeout=60))
+    except (SandboxError, ValueError) as err:
+        return [{"check": "sandbox", "passed": False, "detail": f"spec: the checks did not run: {str(err)[:500]}"}]
