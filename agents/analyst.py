@@ -27,6 +27,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.core.llm import LLM
 from trace_rl.core.records import CapabilityRecord
 from trace_rl.core.trajectory import Trajectory
+from trace_rl.evals.facts import render_facts, trajectory_facts
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
 
@@ -55,6 +56,9 @@ class AnalysisConfig(BaseModel):
     label_temperature: float = Field(0.7, ge=0, le=2)  # runs must be independent draws, not one greedy answer N times
     concurrency: int = Field(2, ge=1, le=64)
     domain_words: list[str] = Field(default_factory=list, description="words that mark a domain recipe")
+    require_evidence: bool = Field(True, description="a PRESENT/LACKING label must cite a step and a quote that "
+                                                     "occurs there (or, for LACKING, a fact code found); a label "
+                                                     "whose evidence does not check counts as NA, and is counted")
 
     @field_validator("k")
     @classmethod
@@ -66,16 +70,18 @@ class AnalysisConfig(BaseModel):
 
 
 # ---------------------------------------------------------------- compaction
-def compact(traj: Trajectory, budget: int) -> str:
-    """A deterministic text of one trajectory within `budget` characters.
+def compact(traj: Trajectory, budget: int, facts: dict | None = None) -> str:
+    """A deterministic text of one trajectory within `budget` characters: every message numbered
+    by its step (its index in `traj.messages`, what evidence cites), the code-found facts first.
 
     Long messages are cut in the middle; if still too long, middle messages are elided
     with an explicit marker, keeping the start (the task) and the end (the outcome).
     """
     head = (f"### trajectory {traj.key}\noutcome: {'PASSED' if traj.passed else 'FAILED'} "
-            f"(reward {traj.reward:.2f}, ended by {traj.termination}, {traj.steps} steps)\n")
+            f"(reward {traj.reward:.2f}, ended by {traj.termination}, {traj.steps} steps)\n"
+            + (render_facts(facts)[:budget // 3] + "\n" if facts else ""))
 
-    def render(m: dict, cap: int) -> str:
+    def render(step: int, m: dict, cap: int) -> str:
         if m.get("tool_calls"):
             body = "; ".join(f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m["tool_calls"])
             body = f"CALL {body}"
@@ -83,14 +89,14 @@ def compact(traj: Trajectory, budget: int) -> str:
             body = str(m.get("content") or "")
         if len(body) > cap:
             body = body[: cap // 2] + f" [...{len(body) - cap} chars cut...] " + body[-cap // 2:]
-        return f"[{m['role']}] {body}"
+        return f"[{step}] [{m['role']}] {body}"
 
-    msgs = [m for m in traj.messages if m.get("role") != "system"]
+    msgs = [(i, m) for i, m in enumerate(traj.messages) if m.get("role") != "system"]
     for cap in (600, 300, 150):
-        lines = [render(m, cap) for m in msgs]
+        lines = [render(i, m, cap) for i, m in msgs]
         if len(head) + sum(len(l) + 1 for l in lines) <= budget:
             return head + "\n".join(lines)
-    lines = [render(m, 150) for m in msgs]
+    lines = [render(i, m, 150) for i, m in msgs]
     keep_head, keep_tail, used = [], [], len(head) + 60
     i, j = 0, len(lines) - 1
     while i <= j:  # alternate from both ends until the budget is spent
@@ -196,27 +202,31 @@ class AnalystError(ValueError):
         self.reply = reply
 
 
-def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3) -> list[Capability]:
+def discovery_examples(trajs: list[Trajectory], n: int) -> list[Trajectory]:
+    """What discovery reads: first a failed and a passed attempt of the same task, side by side (the
+    sharpest contrast), then failed and passed ones of other tasks, about half of each."""
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_task.setdefault(f"{t.benchmark}/{t.task_id}", []).append(t)
+    pairs = [x for ts in by_task.values() if {t.passed for t in ts} == {True, False}
+             for x in (next(t for t in ts if not t.passed), next(t for t in ts if t.passed))]
+    shown = pairs[: n - n % 2]
+    rest = [t for t in trajs if t not in shown]
+    failed, passed = [t for t in rest if not t.passed], [t for t in rest if t.passed]
+    left = n - len(shown)
+    return shown + failed[: max(left // 2, left - len(passed))] + passed[: left // 2]
+
+
+def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3,
+             facts: dict | None = None) -> list[Capability]:
     failed = [t for t in trajs if not t.passed]
-    passed = [t for t in trajs if t.passed]
-    half = cfg.discovery_examples // 2
-    shown = failed[: max(half, cfg.discovery_examples - len(passed))] + passed[:half]
+    shown = discovery_examples(trajs, cfg.discovery_examples)
     per = max(500, cfg.context_chars // max(1, len(shown)))
-    text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars)) for t in shown)
+    text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars), (facts or {}).get(t.key)) for t in shown)
     failed_ids = {t.key for t in failed}
     msgs = [{"role": "system", "content": prompts.load("analyst_discovery", n_candidates=str(cfg.n_candidates))},
             {"role": "user", "content": text}]
-    last = ""
-    for _ in range(attempts):
-        cands = llm.structured(msgs, Candidates)
-        try:
-            return _check_candidates(cands, cfg, failed_ids)
-        except ValueError as err:
-            last = str(err)
-            msgs = msgs + [{"role": "assistant", "content": cands.model_dump_json()},
-                           {"role": "user", "content": f"Fix these problems and answer again: {last}"}]
-    raise AnalystError(f"discovery produced no valid candidate list after {attempts} rounds: {last}",
-                       reply=cands.model_dump_json())
+    return llm.structured(msgs, Candidates, attempts, check=lambda c: _check_candidates(c, cfg, failed_ids))
 
 
 # ---------------------------------------------------------------- labelling
@@ -224,6 +234,29 @@ class LabelItem(BaseModel):
     trajectory: str
     capability: str
     label: Label
+    step: int | None = Field(None, description="the step (message number) that shows the label")
+    quote: str = Field("", description="a short exact quote from that step")
+    fact: str | None = Field(None, description="for LACKING: instead of a quote, a fact listed for the trajectory")
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.lower().replace('\\"', '"').split())
+
+
+def evidence_ok(item: LabelItem, traj: Trajectory, facts: dict | None) -> bool:
+    """Does the cited evidence check? A quote must occur at its step (case and spacing aside); a
+    fact must be one code found in this trajectory, and only a LACKING label may cite one."""
+    if item.label is Label.NA:
+        return True
+    if item.fact and item.label is Label.LACKING and (facts or {}).get(item.fact):
+        return True
+    quote = _normal(item.quote.strip().strip('"\''))
+    if item.step is None or not 0 <= item.step < len(traj.messages) or not 3 <= len(quote) <= 300:
+        return False
+    m = traj.messages[item.step]
+    text = str(m.get("content") or "") + " " + " ".join(
+        f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m.get("tool_calls") or [])
+    return quote in _normal(text)
 
 
 class LabelBatch(BaseModel):
@@ -243,13 +276,18 @@ def _batches(trajs: list[Trajectory], cfg: AnalysisConfig) -> list[list[Trajecto
 
 
 UNLABELLED = "UNLABELLED"  # cached for a pair the analyst never labelled: counts as NA, and is counted
+UNVERIFIED = "UNVERIFIED"  # a label whose cited evidence does not check: counts as NA, and is counted
 
 
 def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-                seed: int) -> dict[str, dict[str, str]]:
-    """Labels of every pair in `batch`; a pair still missing after three asks is UNLABELLED."""
+                seed: int, facts: dict | None = None) -> tuple[dict[str, dict[str, str]], dict]:
+    """(labels, evidence) of every pair in `batch`: a pair still missing after three asks is
+    UNLABELLED; with `require_evidence`, a label whose evidence does not check is UNVERIFIED."""
+    facts = facts or {}
     cap_text = "\n".join(f"- {c.name}: {c.description}" for c in caps)
-    text = "\n\n".join(compact(t, cfg.per_trajectory_chars) for t in batch)
+    text = "\n\n".join(compact(t, cfg.per_trajectory_chars, facts.get(t.key)) for t in batch)
+    by_key = {t.key: t for t in batch}
+    evidence: dict[str, dict[str, dict]] = {t.key: {} for t in batch}
     msgs = [{"role": "system", "content": prompts.load("analyst_labelling", capabilities=cap_text)},
             {"role": "user", "content": text}]
     want = {(t.key, c.name) for t in batch for c in caps}
@@ -264,16 +302,20 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
             break
         for item in got.labels:
             if (item.trajectory, item.capability) in want:
-                out[item.trajectory][item.capability] = item.label.value
+                ok = evidence_ok(item, by_key[item.trajectory], facts.get(item.trajectory))
+                out[item.trajectory][item.capability] = item.label.value if ok or not cfg.require_evidence \
+                    else UNVERIFIED
+                evidence[item.trajectory][item.capability] = {**item.model_dump(include={"label", "step", "quote",
+                                                                                         "fact"}), "checked": ok}
         missing = [(t, c) for t, c in sorted(want) if c not in out[t]]
         if not missing:
-            return out
+            return out, evidence
         msgs = msgs + [{"role": "assistant", "content": got.model_dump_json()},
                        {"role": "user", "content": "You missed these pairs; label them: "
                                                    + "; ".join(f"{t} x {c}" for t, c in missing[:40])}]
     for t, c in missing:  # never guessed: an unlabelled pair is NA, recorded as such and counted
         out[t][c] = UNLABELLED
-    return out
+    return out, evidence
 
 
 class LabelCache:
@@ -293,6 +335,17 @@ class LabelCache:
     def save(self, run: int, labels: dict) -> None:
         atomic_write_json(self.path(run), labels)
 
+    def evidence_path(self, run: int) -> Path:
+        """labels/run_XX_evidence.json: {trajectory: {capability: {label, step, quote, fact, checked}}}"""
+        return self.dir / f"run_{run:02d}_evidence.json"
+
+    def add_evidence(self, run: int, evidence: dict) -> None:
+        p = self.evidence_path(run)
+        data = json.loads(p.read_text()) if p.exists() else {}
+        for key, d in evidence.items():
+            data.setdefault(key, {}).update(d)
+        atomic_write_json(p, data)
+
 
 @dataclass
 class LabelRun:
@@ -300,10 +353,11 @@ class LabelRun:
     the analyst left unlabelled (counted as NA)."""
     labels: dict[str, dict[str, Label]]
     unlabelled: int = 0
+    unverified: int = 0  # labels whose cited evidence did not check (counted as NA)
 
 
 def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-               cache: LabelCache, progress: bool = True) -> list[LabelRun]:
+               cache: LabelCache, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
     """N independent labelling runs (isolated contexts), resumable from the cache."""
     from rich.progress import Progress
 
@@ -313,15 +367,16 @@ def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: A
         labels = cache.load(r)
         todo = [t for t in trajs if not all(n in labels.get(t.key, {}) for n in names)]
         for batch in _batches(todo, cfg):
-            got = label_batch(llm, batch, caps, cfg, seed=1000 + r)
+            got, evidence = label_batch(llm, batch, caps, cfg, seed=1000 + r, facts=facts)
             for key, d in got.items():
                 labels.setdefault(key, {}).update(d)
+            cache.add_evidence(r, evidence)  # first: a kill between the two re-labels the batch, never loses its evidence
             cache.save(r, labels)
             bar.update(task, advance=len(batch))
         keys = {t.key for t in trajs}
-        return LabelRun({k: {n: Label(v) for n, v in d.items() if n in names and v != UNLABELLED}
-                         for k, d in labels.items() if k in keys},
-                        sum(v == UNLABELLED for k, d in labels.items() if k in keys for n, v in d.items() if n in names))
+        mine = [v for k, d in labels.items() if k in keys for n, v in d.items() if n in names]
+        return LabelRun({k: {n: Label(v) for n, v in d.items() if n in names and v not in (UNLABELLED, UNVERIFIED)}
+                         for k, d in labels.items() if k in keys}, mine.count(UNLABELLED), mine.count(UNVERIFIED))
 
     with Progress(disable=not progress) as bar:
         task = bar.add_task("labelling", total=len(trajs) * cfg.n_runs)
@@ -427,10 +482,11 @@ def select_capabilities(caps: list[CapabilityRecord], done: set[str], max_capabi
 
 # ---------------------------------------------------------------- the whole analysis
 def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: AnalysisConfig | None = None,
-            progress: bool = True) -> list[CapabilityRecord]:
-    """Run discovery (or reuse candidates.json), labelling (cached) and aggregation.
+            progress: bool = True, tools: list[dict] | None = None) -> list[CapabilityRecord]:
+    """Run discovery (or reuse candidates.json), labelling (cached) and aggregation. `tools`: the
+    target's tool schemas, for the code-found facts the analyst reads and cites (evals/facts.py).
 
-    Writes candidates.json, labels/run_XX.json, capabilities.json and cov_delta.png."""
+    Writes facts.json, candidates.json, labels/run_XX(_evidence).json, capabilities.json, cov_delta.png."""
     cfg = cfg or AnalysisConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -438,6 +494,8 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         raise ValueError("no trajectories to analyse: run the rollout stage first")
     t0 = time.perf_counter()
     usage0 = llm.usage.as_dict()
+    facts = {t.key: trajectory_facts(t, tools) for t in trajs}
+    atomic_write_json(out / "facts.json", facts)
     cand_path = out / "candidates.json"
     from trace_rl.core.llm import StructuredOutputError
 
@@ -445,9 +503,9 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         if cand_path.exists():
             caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
         else:
-            caps = discover(llm, trajs, cfg)
+            caps = discover(llm, trajs, cfg, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-        runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress)
+        runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
         atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
                                                         "reply": getattr(err, "reply", "")})
@@ -460,8 +518,8 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
         "passed": sum(t.passed for t in trajs),
-        "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "reliable": reliable(r, pairs, cfg)}
-                           for i, r in enumerate(runs)],
+        "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
+                            "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name},
         "capabilities": [r.model_dump() for r in results]})
     plot_cov_delta(results, cfg, out / "cov_delta.png")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import suppress
 from typing import Any, Protocol
 
 from trace_rl.core.episode import Episode, Score
@@ -22,34 +23,30 @@ class Policy(Protocol):
     def chat(self, messages: list[dict], tools: list[dict] | None = None, **kw) -> Any: ...
 
 
-def _error_kind(error: str) -> str | None:
-    """The sandbox's error kind ("[timeout] ...") when the error came from a session."""
-    m = re.search(r"\[(timeout|crashed|oom|protocol|output_limit|env_error|episode_timeout|contract)\]", error)
-    return m.group(1) if m else None
+def _error(err: Exception) -> dict:
+    """An exception as a trajectory's reasons: its text, and the sandbox's error kind ("[timeout] ...")
+    when it came from a session."""
+    text = f"{type(err).__name__}: {err}"[:2000]
+    m = re.search(r"\[(timeout|crashed|oom|protocol|output_limit|env_error|episode_timeout|contract)\]", text)
+    return {"error": text, **({"error_kind": m.group(1)} if m else {})}
 
 
 def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: str, trial: int = 0,
                 split: str = "", max_steps: int | None = None, **chat_kw) -> Trajectory:
     """Roll out one episode to the end and score it."""
-    t0 = time.perf_counter()
-    started = time.time()
+    t0, started = time.perf_counter(), time.time()
     max_steps = max_steps or episode.max_steps
     stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0,
                  completion_tokens=0)
-    error = None
+    error = None  # the reasons of the exception that ended the episode
     try:
         obs = episode.reset()
     except Exception as err:  # e.g. the user simulator failed on its first turn
-        try:
+        with suppress(Exception):
             episode.close()
-        except Exception:
-            pass
-        text = f"{type(err).__name__}: {err}"[:2000]
-        return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name,
-                          messages=[], reward=0.0, passed=False, termination="env_error",
-                          reasons={"error": text, **({"error_kind": k} if (k := _error_kind(text)) else {})},
-                          seconds=time.perf_counter() - t0,
-                          started_at=started, split=split, **stats)
+        return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=[],
+                          reward=0.0, passed=False, termination="env_error", reasons=_error(err),
+                          seconds=time.perf_counter() - t0, started_at=started, split=split, **stats)
     messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
     termination = obs.reason if obs.done else None
     while termination is None:
@@ -59,8 +56,7 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         try:
             reply = policy.chat(messages, tools=episode.tools, **chat_kw)
         except Exception as err:  # endpoint failures end the episode, recorded
-            termination = "context_length" if is_context_length_error(err) else "llm_error"
-            error = f"{type(err).__name__}: {err}"[:2000]
+            termination, error = "context_length" if is_context_length_error(err) else "llm_error", _error(err)
             break
         stats["steps"] += 1
         stats["prompt_tokens"] += reply.prompt_tokens
@@ -73,7 +69,7 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         try:
             obs = episode.step(msg.get("content") or "", msg.get("tool_calls") or [])
         except Exception as err:  # the environment or its user simulator failed: recorded, not raised
-            termination, error = "env_error", f"{type(err).__name__}: {err}"[:2000]
+            termination, error = "env_error", _error(err)
             break
         messages.extend(obs.messages)
         if obs.done:
@@ -81,19 +77,12 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
     try:
         score = episode.score(termination)
     except Exception as err:  # a dead or misbehaving environment cannot score: 0, recorded with its kind
-        termination, error = "env_error", error or f"{type(err).__name__}: {err}"[:2000]
-        score = Score(0.0, False, {"termination": termination, "score_error": f"{type(err).__name__}: {err}"[:2000]})
+        termination, error = "env_error", error or _error(err)
+        score = Score(0.0, False, {"termination": termination, "score_error": _error(err)["error"]})
     finally:
-        try:
+        with suppress(Exception):  # closing must not turn a recorded episode into a crash
             episode.close()
-        except Exception:  # closing must not turn a recorded episode into a crash
-            pass
-    reasons = dict(score.reasons)
-    if error:
-        reasons["error"] = error
-        kind = _error_kind(error)
-        if kind:
-            reasons["error_kind"] = kind
     return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=messages,
-                      reward=score.reward, passed=score.passed, termination=termination, reasons=reasons,
+                      reward=score.reward, passed=score.passed, termination=termination,
+                      reasons={**score.reasons, **(error or {})},
                       seconds=time.perf_counter() - t0, started_at=started, split=split, **stats)

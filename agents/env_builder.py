@@ -19,7 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 
 from trace_rl import prompts
-from trace_rl.agents.verifier import VerifierReport, VerifyConfig, verify
+from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module
+from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.records import EnvRecord, TrainedOn
 
@@ -101,21 +102,89 @@ class BuilderError(ValueError):
 
 def write_env(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
               attempts: int = 3) -> EnvDraft:
-    msgs = build_messages(capability, target, examples, feedback, previous)
-    last, text = "", ""
-    for _ in range(attempts):
-        try:
-            reply = llm.chat(msgs)
-        except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
-            raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}", text) from err
-        text = reply.content
-        try:
-            return parse_draft(text)
-        except ValueError as err:
-            last = str(err)
-            msgs = msgs + [{"role": "assistant", "content": text},
-                           {"role": "user", "content": f"That module is not valid: {last}. Send the whole corrected module."}]
-    raise BuilderError(f"env-builder produced no valid module after {attempts} tries: {last}", text)
+    from trace_rl.core.llm import StructuredOutputError
+
+    try:
+        return llm.ask(build_messages(capability, target, examples, feedback, previous), parse_draft, attempts,
+                       "Send the whole corrected module.")
+    except StructuredOutputError as err:
+        raise BuilderError(f"env-builder produced no valid module: {err}", err.reply) from None
+    except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
+        raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
+
+
+# ---------------------------------------------------------------- spec mode (small local models)
+BUILDER_MODES = ("auto", "spec", "code")
+
+
+def builder_mode(mode: str, llm) -> str:
+    """auto: spec for a local (embedded) builder model, which cannot write a whole module;
+    code for a model at an endpoint (base_url), which is assumed strong."""
+    if mode not in BUILDER_MODES:
+        raise ValueError(f"builder_mode {mode!r}: use one of {', '.join(BUILDER_MODES)}")
+    if mode != "auto":
+        return mode
+    return "code" if getattr(getattr(llm, "config", None), "base_url", None) else "spec"
+
+
+def spec_example(capability: str = "", target: str = "") -> str:
+    """The worked example the builder sees: a verified spec shipped in sandbox/envs/ (one top-level
+    key per line), never one for the capability being built, and from another domain when there is one."""
+    root = resources.files("trace_rl.sandbox") / "envs"
+    domain = target.split(":")[-1].split("@")[0]
+    names = sorted(p.name[: -len(".spec.json")] for p in root.iterdir() if p.name.endswith(".spec.json"))
+    others = [n for n in names if not n.startswith(capability + "_")] if capability else names
+    name = next((n for n in others if not n.endswith("_" + domain)), others[0])
+    spec = json.loads((root / f"{name}.spec.json").read_text())
+    return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in spec.items()) + "\n}"
+
+
+def spec_format() -> str:
+    """The format's documentation: the runtime's own docstring (one source for both)."""
+    doc = ast.get_docstring(ast.parse((resources.files("trace_rl.sandbox") / "image" / "spec_env.py").read_text()))
+    return doc[doc.index("Spec keys"):]
+
+
+def spec_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,
+                  previous: str | None) -> list[dict]:
+    def line(fn: dict) -> str:
+        args = ", ".join((fn.get("parameters") or {}).get("properties") or {})
+        return f"- {fn['name']}({args}): {(fn.get('description') or '').strip().split(chr(10))[0][:100]}"
+    tools = "\n".join(line(t["function"]) for t in target.tools)
+    user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
+            f"# Failed trajectories that show the gap\n" + "\n\n".join(examples)[:3000] +
+            f"\n\n# Target benchmark: {target.name}\n## Its tools (name(arguments): description)\n{tools}"
+            f"\n\n## Its policy (excerpt; code puts the whole policy in the env's system prompt)\n{target.policy[:1500]}")
+    if previous is not None:  # findings last, nearest the answer: small models otherwise echo the old spec
+        user += (f"\n\n# Your previous spec\n{previous}\n# What the checks found in it (fix every one)\n{feedback}"
+                 "\nWrite the corrected spec. Do not send the previous one again unchanged.")
+    system = prompts.load("env_builder_spec", format=spec_format(), example=spec_example(capability["name"], target.name))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def write_spec(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
+               attempts: int = 2) -> dict:
+    """The builder's spec, decoded under EnvSpec's JSON schema (llama.cpp's grammar); tool names
+    it made up go straight back to it. Everything else is checked in the sandbox (check_spec)."""
+    from trace_rl.core.llm import StructuredOutputError
+
+    names = sorted(t["function"]["name"] for t in target.tools)
+
+    def known_tools(spec: EnvSpec) -> dict:
+        # the request lists tools as `name(arguments)`; the 1.5B copied that form as the name: code strips it
+        spec.tools = {n.split("(")[0].strip(): v for n, v in spec.tools.items()}
+        unknown = [n for n in spec.tools if n not in names]
+        if unknown:
+            raise ValueError(f"tools: {unknown} are not tools of {target.name}; choose from {', '.join(names)}")
+        return spec.to_spec()
+    try:
+        return llm.structured(spec_messages(capability, target, examples, feedback, previous), EnvSpec, attempts,
+                              check=known_tools,  # a bad spec costs a round, which has findings to fix
+                              **({"temperature": 0.7} if previous else {}))  # a later round must not repeat
+    except StructuredOutputError as err:
+        raise BuilderError(f"env-builder produced no valid spec: {err}", err.reply) from None
+    except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
+        raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
 
 
 def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
@@ -123,9 +192,10 @@ def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
 
 
 def build_attempt(builder, capability: dict, target: Target, examples: list[str], out_dir: str | Path, rnd: int,
-                  feedback: str | None = None, previous: str | None = None) -> dict:
-    """Round `rnd` of the builder: attempt_XX/env.py, or attempt_XX/builder_error.json when the
-    builder gave no valid module. A round already on disk is returned as it is (resume)."""
+                  feedback: str | None = None, previous: str | None = None, mode: str = "code") -> dict:
+    """Round `rnd` of the builder: attempt_XX/env.py (in spec mode also the spec.json it was
+    rendered from), or attempt_XX/builder_error.json when the builder gave nothing valid. A round
+    already on disk is returned as it is (resume)."""
     adir = attempt_dir(out_dir, rnd)
     if (adir / "env.py").is_file():
         return {"round": rnd, "env": str(adir / "env.py")}
@@ -133,13 +203,18 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
         return {"round": rnd, "error": json.loads((adir / "builder_error.json").read_text())["error"]}
     adir.mkdir(parents=True, exist_ok=True)
     try:
-        draft = write_env(builder, capability, target, list(examples), feedback, previous)
+        if mode == "spec":
+            spec = write_spec(builder, capability, target, list(examples), feedback, previous)
+            atomic_write_json(adir / "spec.json", spec)
+            code = render_module(spec, target.tools, target.policy)  # schemas and policy: copied by code
+        else:
+            code = write_env(builder, capability, target, list(examples), feedback, previous).code
     except ValueError as err:
         if getattr(err, "reply", ""):
-            (adir / "builder_reply.txt").write_text(err.reply)  # what it wrote, for whoever reads the findings
+            atomic_write_text(adir / "builder_reply.txt", err.reply)  # what it wrote, for whoever reads the findings
         atomic_write_json(adir / "builder_error.json", {"error": str(err)})
         return {"round": rnd, "error": str(err)}
-    atomic_write_text(adir / "env.py", draft.code)
+    atomic_write_text(adir / "env.py", code)
     return {"round": rnd, "env": str(adir / "env.py")}
 
 
@@ -154,7 +229,11 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     if cached.is_file():
         return json.loads(cached.read_text())
     code = env.read_text()
-    report: VerifierReport = verify(code, target.tools, capability, cfg, reviewer, base_policy)
+    spec_path = env.parent / "spec.json"
+    static = [] if not spec_path.is_file() else [  # a spec's own checks first: findings that name its fields
+        Finding(f["check"], False, f["detail"]) for f in
+        check_in_sandbox(json.loads(spec_path.read_text()), target.tools)]
+    report = VerifierReport(static) if static else verify(code, target.tools, capability, cfg, reviewer, base_policy)
     out = {**report.to_dict(), "feedback": report.feedback()}
     tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
     atomic_write_json(env.parent / "manifest.json", {
@@ -167,9 +246,10 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
 
 
 def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | None]:
-    """(module text, verifier feedback) of round `rnd` - 1, read from its attempt folder."""
+    """(what the builder wrote: module or spec text, verifier feedback) of round `rnd` - 1."""
     prev = attempt_dir(out_dir, rnd - 1)
-    code = (prev / "env.py").read_text() if (prev / "env.py").is_file() else None
+    source = prev / "spec.json" if (prev / "spec.json").is_file() else prev / "env.py"
+    code = source.read_text() if source.is_file() else None
     report = prev / "verifier_report.json"
     error = prev / "builder_error.json"
     feedback = json.loads(report.read_text())["feedback"] if report.is_file() else \
@@ -179,14 +259,16 @@ def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | Non
 
 def synthesize_round(capability: dict, target: Target, builder, out_dir: str | Path, rnd: int, *,
                      examples: list[str] = (), reviewer=None, base_policy=None, cfg: VerifyConfig = VerifyConfig(),
-                     max_rounds: int = 5, library_fallback: bool = False, log=print) -> EnvRecord | None:
+                     max_rounds: int = 5, library_fallback: bool = False, mode: str = "code",
+                     log=print) -> EnvRecord | None:
     """Round `rnd` of synthesis: the builder writes (with the last round's findings), the verifier
     tests it in the sandbox. Returns the outcome once synthesis has ended (verified; or, after the
     last round, a verified library substitute or `needs_human`), None when another round is due.
-    Everything is cached in the round's folder, so a killed round resumes where it stopped."""
+    Everything is cached in the round's folder, so a killed round resumes where it stopped.
+    `mode`: "code" (the builder writes a Python module) or "spec" (a JSON spec; see write_spec)."""
     out = Path(out_dir)
     previous, feedback = previous_round(out, rnd)
-    attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous)
+    attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous, mode)
     report = verify_attempt(attempt, capability, target, cfg, reviewer, base_policy)
     failed = [f["check"] for f in report.get("findings", []) if not f["passed"]] or ["builder"]
     log(f"{capability['name']} round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")

@@ -232,22 +232,24 @@ def exposed_tools(spec: dict, target_tools: list[dict]) -> list[dict]:
     return [t for t in target_tools if t["function"]["name"] in names]
 
 
-def render_module(spec: dict, target_tools: list[dict]) -> str:
-    """An env module for the existing loader and verifier: the spec and the schemas as literals
-    (pprint's repr of JSON values: the spec's text cannot become code)."""
+def render_module(spec: dict, target_tools: list[dict], policy: str = "") -> str:
+    """An env module for the existing loader and verifier: the spec, the target's schemas and its
+    policy as literals (pprint's repr of JSON values: the spec's text cannot become code)."""
     fmt = lambda x: pprint.pformat(x, width=110, sort_dicts=False)  # noqa: E731
     return ('"""A spec-built environment: the data below, run by spec_env.SpecEnv (sandbox/image/spec_env.py)."""\n'
             "from spec_env import SpecEnv\n\n"
             f"SPEC = {fmt(spec)}\n\n"
-            f"TOOLS = {fmt(exposed_tools(spec, target_tools))}\n\n\n"
+            f"TOOLS = {fmt(exposed_tools(spec, target_tools))}\n\n"
+            f"POLICY = {policy!r}\n\n\n"
             "class Env(SpecEnv):\n"
             "    SPEC = SPEC\n"
-            "    TOOLS = TOOLS\n")
+            "    TOOLS = TOOLS\n"
+            "    POLICY = POLICY\n")
 
 
 def check_in_sandbox(spec: dict, target_tools: list[dict], seeds: int = 5, limits=None) -> list[dict]:
     """spec_env.check_spec run inside a sandbox: the findings, or one finding saying why none came."""
-    from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
+    from trace_rl.sandbox.session import SandboxError, SessionLimits, open_session
 
     try:
         payload = json.dumps([spec, target_tools])
@@ -257,7 +259,7 @@ def check_in_sandbox(spec: dict, target_tools: list[dict], seeds: int = 5, limit
                f"spec, tools = json.loads({payload!r})\n"
                f"print(json.dumps(spec_env.check_spec(spec, tools, range({int(seeds)}))))\n")
     try:
-        with EnvSession(limits or SessionLimits()) as session:
+        with open_session(limits or SessionLimits()) as session:
             return json.loads(session.exec(snippet, timeout=60))
     except (SandboxError, ValueError) as err:
         return [{"check": "sandbox", "passed": False, "detail": f"spec: the checks did not run: {str(err)[:500]}"}]

@@ -15,15 +15,15 @@ import json
 import random
 import statistics
 from dataclasses import asdict, dataclass, field
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
+from trace_rl.core.llm import StructuredOutputError
 from trace_rl.core.reward import SUCCESS_THRESHOLD
 from trace_rl.sandbox import contract
-from trace_rl.sandbox.session import Sandbox, SandboxError, SessionLimits, open_session
+from trace_rl.sandbox.session import Sandbox, SandboxError, SessionLimits, SessionPool, open_session
 
 
 class VerifyConfig(BaseModel):
@@ -80,8 +80,7 @@ class VerifierReport:
         return [f for f in self.findings if not f.passed]
 
     def to_dict(self) -> dict:
-        return {"passed": self.passed, "findings": [asdict(f) for f in self.findings],
-                "review": self.review, "calibration": self.calibration, "samples": self.samples}
+        return {"passed": self.passed, **asdict(self)}
 
     def feedback(self) -> str:
         """What goes back to the env-builder."""
@@ -99,13 +98,12 @@ def run_actions(session: Sandbox, seed: int, policy) -> tuple[dict, list]:
     obs = contract.reset(session, seed)
     rng = random.Random(seed * 7919 + 1)
     transcript = [{"role": "system", "content": obs["system_prompt"]}, *obs["messages"]]
-    done, turn = False, 0
-    while not done and turn < 50:
+    for turn in range(50):
         action = policy(obs, turn, rng)
         out = contract.step(session, action)
-        transcript.append({"role": "assistant", **action})
-        transcript += out["messages"]
-        done, turn = out["done"], turn + 1
+        transcript += [{"role": "assistant", **action}, *out["messages"]]
+        if out["done"]:
+            break
     return contract.reward(session), transcript
 
 
@@ -210,8 +208,7 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
                      limits: SessionLimits = SessionLimits()) -> tuple[list[Finding], dict]:
     """Run every automatic check in a sandbox; returns (findings, sample transcripts).
     Whatever the module does, the result is findings: nothing it does raises here."""
-    findings: list[Finding] = []
-    samples: dict = {}
+    findings, samples = [], {}
     try:
         probe = Probe(code, limits)
     except SandboxError as err:
@@ -223,18 +220,16 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
             contract.solve(probe.session)
         except SandboxError as err:
             return [Finding("contract", False, str(err)[:1500])], samples
-        findings.append(Finding("contract", True, "loads; reset/step/reward/solve answer"))
-        findings.append(_schema_findings(first["tools"], target_tools, cfg))
+        findings += [Finding("contract", True, "loads; reset/step/reward/solve answer"),
+                     _schema_findings(first["tools"], target_tools, cfg)]
         try:
             _episode_checks(probe, cfg, findings, samples)
         except GaveUp as err:
             findings.append(Finding("robustness", False, f"{err}: " + "; ".join(probe.failures[:6])))
             return findings, samples
-        findings.append(Finding("robustness", not probe.failures,
-                                "; ".join(probe.failures[:6]) + (f" (+{len(probe.failures) - 6} more)"
-                                                                 if len(probe.failures) > 6 else "")
-                                if probe.failures else "no call failed",
-                                {"failures": len(probe.failures)}))
+        more = f" (+{len(probe.failures) - 6} more)" if len(probe.failures) > 6 else ""
+        findings.append(Finding("robustness", not probe.failures, "; ".join(probe.failures[:6]) + more
+                                if probe.failures else "no call failed", {"failures": len(probe.failures)}))
     finally:
         probe.close()
     return findings, samples
@@ -242,22 +237,21 @@ def automatic_checks(code: str, target_tools: list[dict], cfg: VerifyConfig = Ve
 
 def _episode_checks(probe: Probe, cfg: VerifyConfig, findings: list[Finding], samples: dict) -> None:
     # determinism: same seed -> same instance, same solver reward and transcript
-    nondet = []
-    for seed in range(cfg.determinism_seeds):
-        a = probe.episode(seed, "solver", solver)
-        b = probe.episode(seed, "solver", solver)
-        if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
-            nondet.append(seed)
+    twice = [[json.dumps(probe.episode(seed, "solver", solver), sort_keys=True, default=str) for _ in range(2)]
+             for seed in range(cfg.determinism_seeds)]
+    nondet = [seed for seed, (a, b) in enumerate(twice) if a != b]
     findings.append(Finding("determinism", not nondet, f"seeds {nondet} differ between two runs" if nondet
                             else f"{cfg.determinism_seeds} seeds reproduce exactly"))
     seeds = list(range(cfg.seeds))
-    solved, firsts = [], []
-    for seed in seeds:
-        r, tr = probe.episode(seed, "solver", solver)
-        solved.append(r)
-        firsts.append(json.dumps(tr[:2], sort_keys=True))  # the task may sit in the system prompt (tau2 solo)
-        if seed == 0:
-            samples["solver"] = tr
+
+    def play(name: str, policy_of) -> list[tuple[float, list]]:
+        runs = [probe.episode(seed, name, policy_of) for seed in seeds]
+        samples[name] = runs[0][1]
+        return runs
+
+    runs = play("solver", solver)
+    solved = [r for r, _ in runs]
+    firsts = [json.dumps(tr[:2], sort_keys=True) for _, tr in runs]  # the task may sit in the system prompt (solo)
     frac = sum(x >= cfg.solver_min_reward for x in solved) / len(seeds)
     findings.append(Finding("reference_solver", frac >= cfg.solver_min_fraction,
                             f"reference solver reaches {cfg.solver_min_reward} on {frac:.0%} of seeds "
@@ -266,13 +260,7 @@ def _episode_checks(probe: Probe, cfg: VerifyConfig, findings: list[Finding], sa
     findings.append(Finding("instance_variety", distinct >= cfg.min_distinct_fraction,
                             f"{distinct:.0%} of seeds give a distinct task (need {cfg.min_distinct_fraction:.0%})"))
     for name, pol in {**TRIVIAL, "parrot": parrot}.items():
-        rewards = []
-        for seed in seeds:
-            r, tr = probe.episode(seed, name, lambda session, pol=pol: pol)
-            rewards.append(r)
-            if seed == 0:
-                samples[name] = tr
-        mean = statistics.fmean(rewards)
+        mean = statistics.fmean(r for r, _ in play(name, lambda session, pol=pol: pol))
         check = "answer_leak" if name == "parrot" else f"trivial_{name}"
         detail = (f"echoing the prompt and hint back scores {mean:.2f} on average"
                   + (": the answer is in the prompt" if mean > cfg.trivial_max_mean else "")
@@ -308,8 +296,6 @@ def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
     msgs = [{"role": "system", "content": prompts.load("verifier_review")},
             {"role": "user", "content": f"# capability\n{capability['name']}: {capability['description']}\n\n"
                                         f"# environment code\n```python\n{code}\n```\n\n# sample episodes\n{episodes}"}]
-    from trace_rl.core.llm import StructuredOutputError
-
     try:
         review = llm.structured(msgs, Review)
     except StructuredOutputError as err:  # no valid verdict is no verdict: not a pass
@@ -333,15 +319,10 @@ def group_stats(groups: list[list[float]], cfg: VerifyConfig) -> dict:
         "constant_groups": const,
         "informative_groups": 1 - const,
     }
-    lo, hi = cfg.band
-    checks = {
-        "mean_reward": lo <= stats["mean_reward"] <= hi, "success_rate": lo <= stats["success_rate"] <= hi,
-        "reward_std": stats["reward_std"] >= cfg.min_reward_std,
-        "all_success_groups": stats["all_success_groups"] <= cfg.max_all_success_groups,
-        "all_zero_groups": stats["all_zero_groups"] <= cfg.max_all_zero_groups,
-        "constant_groups": stats["constant_groups"] <= cfg.max_constant_groups,
-        "informative_groups": stats["informative_groups"] >= cfg.min_informative_groups,
-    }
+    accepted = {"mean_reward": cfg.band, "success_rate": cfg.band, "reward_std": (cfg.min_reward_std, 1),
+                "all_success_groups": (0, cfg.max_all_success_groups), "all_zero_groups": (0, cfg.max_all_zero_groups),
+                "constant_groups": (0, cfg.max_constant_groups), "informative_groups": (cfg.min_informative_groups, 1)}
+    checks = {k: lo <= stats[k] <= hi for k, (lo, hi) in accepted.items()}  # every figure lies in [0, 1]
     return {**stats, "checks": checks, "accepted": all(checks.values())}
 
 
@@ -357,25 +338,21 @@ def difficulty_advice(stats: dict, cfg: VerifyConfig) -> str:
     return "rewards do not vary within a seed: make the reward depend on what the agent does, with partial credit"
 
 
-def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2, progress: bool = True) -> dict:
+def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2) -> dict:
     """Roll out the base model: calib_seeds x calib_samples episodes at calib_temperature."""
     from trace_rl.agents.base_agent import run_episode
     from trace_rl.evals.synthetic import SyntheticEpisode
-    from trace_rl.sandbox.session import SessionPool
 
-    groups = []
+    def reward(pool: SessionPool, seed: int, k: int) -> float:
+        s = pool.acquire()
+        try:
+            return run_episode(policy, SyntheticEpisode(s, seed), task_id=str(seed), benchmark="synthetic", trial=k,
+                               temperature=cfg.calib_temperature).reward
+        finally:
+            pool.release(s)
+
     with SessionPool(code, size=pool_size) as pool:
-        for seed in range(cfg.calib_seeds):
-            group = []
-            for k in range(cfg.calib_samples):
-                s = pool.acquire()
-                try:
-                    t = run_episode(policy, SyntheticEpisode(s, seed), task_id=str(seed), benchmark="synthetic",
-                                    trial=k, temperature=cfg.calib_temperature)
-                    group.append(t.reward)
-                finally:
-                    pool.release(s)
-            groups.append(group)
+        groups = [[reward(pool, seed, k) for k in range(cfg.calib_samples)] for seed in range(cfg.calib_seeds)]
     return {**group_stats(groups, cfg), "groups": groups}
 
 
@@ -385,15 +362,13 @@ def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyCon
     findings, samples = automatic_checks(code, target_tools, cfg)
     report = VerifierReport(findings, samples={k: v[:16] for k, v in samples.items() if k in ("solver", "do_nothing")})
     if report.passed and reviewer is not None:
-        report.review = llm_review(reviewer, code, capability, samples)
-        r = report.review
+        r = report.review = llm_review(reviewer, code, capability, samples)
         detail = "; ".join(r["findings"]) or r["verdict"]
         if r["verdict"] == "pass" and r["findings"]:
             detail = f"verdict 'pass' but with findings (counted as a fail): {detail}"
         report.findings.append(Finding("llm_review", r["passed"], detail))
     if report.passed and base_policy is not None:
-        report.calibration = calibrate(code, base_policy, cfg)
-        c = report.calibration
+        c = report.calibration = calibrate(code, base_policy, cfg)
         bad = [k for k, ok in c["checks"].items() if not ok]
         report.findings.append(Finding("calibration", c["accepted"] or not cfg.calibration_gate,
                                        f"base model: mean reward {c['mean_reward']:.2f}, success {c['success_rate']:.2f}"

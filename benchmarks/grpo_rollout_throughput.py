@@ -17,9 +17,6 @@ import torch
 
 from moe_throughput import CONFIGS
 
-CONFIGS = {**CONFIGS, "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)}
-
 
 class Tok:
     """Just what the generators read from a tokenizer: pad / end ids (never sampled here)."""

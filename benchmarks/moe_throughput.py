@@ -17,17 +17,19 @@ CONFIGS = {  # the public Qwen2.5 configs, written out (no hub access)
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,  # CPU smoke runs
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def timed_generate(model, batch: int, prompt: int, new: int, device) -> float:
+def timed_generate(generate, batch: int, prompt: int, new: int, device) -> float:
     ids = torch.randint(0, 1000, (batch, prompt), device=device)
     kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-    model.generate(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
+    generate(ids, **{**kw, "max_new_tokens": 8, "min_new_tokens": 8})  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    model.generate(ids, **kw)
+    generate(ids, **kw)
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 
@@ -60,14 +62,9 @@ def main():
                     p.normal_(0, 0.01)
         return m.eval()
 
-    adapters = []
-    for i in range(4):
-        m = peft_with_random_b(f"cap{i}")
-        adapters.append(Adapter.from_peft(f"cap{i}", m))
-        if i == 0:
-            unmerged = m
-        else:
-            del m
+    unmerged = peft_with_random_b("cap0")  # the others are only read into the MoE's adapters
+    adapters = [Adapter.from_peft("cap0", unmerged)] + [Adapter.from_peft(f"cap{i}", peft_with_random_b(f"cap{i}"))
+                                                        for i in range(1, 4)]
     merged = peft_with_random_b("m").merge_and_unload().eval()
     moe = LoRAMoE(copy.deepcopy(base), adapters).eval()
     with torch.no_grad():  # spread tokens over all experts, as a trained router would
@@ -82,8 +79,7 @@ def main():
             for _ in range(args.rounds):  # round-robin, so clock ramp-up and caches hit every variant alike
                 for name, model in variants.items():
                     gen = model.model.generate if name.startswith("MoE") else model.generate
-                    dt = timed_generate(type("G", (), {"generate": staticmethod(gen)}), b, args.prompt,
-                                        args.new_tokens, dev)
+                    dt = timed_generate(gen, b, args.prompt, args.new_tokens, dev)
                     best[name] = min(best.get(name, float("inf")), dt)
             for name, dt in best.items():
                 rows.append({"batch": b, "variant": name, "seconds": dt, "tokens_per_s": b * args.new_tokens / dt})

@@ -26,25 +26,18 @@ def in_process_env(code: str):
     return ns["Env"]()
 
 
-class Local:
-    def __init__(self, env):
-        self.env = env
-
-    def call(self, method, *args):
-        return getattr(self.env, method)(*args)
-
-
-def episodes(target, n: int) -> tuple[list[float], float]:
+def episodes(call, n: int) -> tuple[list[float], float]:
+    """`n` solver episodes through `call(method, *args)`: (seconds per step, wall seconds)."""
     steps, t0 = [], time.perf_counter()
     for seed in range(n):
-        target.call("reset", seed)
-        for action in target.call("solve"):
+        call("reset", seed)
+        for action in call("solve"):
             t = time.perf_counter()
-            out = target.call("step", action)
+            out = call("step", action)
             steps.append(time.perf_counter() - t)
             if out["done"]:
                 break
-        target.call("reward")
+        call("reward")
     return steps, time.perf_counter() - t0
 
 
@@ -57,10 +50,10 @@ def main():
     session = EnvSession()
     session.load(code)
     cold = time.perf_counter() - t
-    episodes(session, 5)  # warm-up
-    rows = {}
-    rows["in-process"] = episodes(Local(in_process_env(code)), args.episodes)
-    rows["sandbox (warm session)"] = episodes(session, args.episodes)
+    episodes(session.call, 5)  # warm-up
+    env = in_process_env(code)
+    rows = {"in-process": episodes(lambda method, *a: getattr(env, method)(*a), args.episodes),
+            "sandbox (warm session)": episodes(session.call, args.episodes)}
     session.close()
     table = Table("backend", "step p50 (ms)", "step p95 (ms)", "episodes/s", title=f"{args.episodes} solver episodes")
     for name, (steps, wall) in rows.items():

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -296,28 +296,39 @@ class LLM:
             return {"type": "json_object", "schema": js}
         return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": js}}
 
-    def structured(self, messages: list[dict], schema: type[T], attempts: int = 3, **kw) -> T:
-        """Ask for JSON matching `schema` (decoding constrained to it where the endpoint can);
-        on a parse or validation error, show the model the error and ask again, up to `attempts`
-        times. Validators a grammar cannot express (names, sentence counts) are caught here."""
-        msgs = list(messages)
-        last = ""
-        if self.config.constrained_json and "response_format" not in kw:
-            kw["response_format"] = self.response_format(schema)
+    def ask(self, messages: list[dict], parse: Callable[[str], T], attempts: int = 3,
+            again: str = "Reply again with the whole corrected answer.", **kw) -> T:
+        """The one ask -> validate -> retry loop: `parse(answer)` gives the result or raises
+        ValueError; the model then sees the error and answers again, up to `attempts` times."""
+        msgs, last, text = list(messages), "", ""
         for _ in range(attempts):
             try:
-                reply = self.chat(msgs, **kw)
+                text = self.chat(msgs, **kw).content
             except Exception as err:  # an endpoint that rejects response_format: plain prompting instead
                 if "response_format" not in kw or not is_response_format_rejected(err):
                     raise
                 kw.pop("response_format")
-                reply = self.chat(msgs, **kw)
+                text = self.chat(msgs, **kw).content
             try:
-                return schema.model_validate(extract_json(reply.content))
-            except (ValueError, ValidationError) as err:
+                return parse(text)
+            except ValueError as err:  # pydantic's ValidationError is one
                 last = str(err)
-                msgs += [{"role": "assistant", "content": reply.content},
-                         {"role": "user", "content": f"That answer was not valid:\n{last[:1500]}\n"
-                                                     "Reply again with only the corrected JSON."}]
-        raise StructuredOutputError(f"{schema.__name__}: no valid answer after {attempts} attempts; last error: "
-                                    f"{last[:1500]}", reply=msgs[-2]["content"] if len(msgs) >= 2 else "")
+                msgs += [{"role": "assistant", "content": text},
+                         {"role": "user", "content": f"That answer was not valid:\n{last[:1500]}\n{again}"}]
+        raise StructuredOutputError(f"no valid answer after {attempts} attempts; last error: {last[:1500]}", reply=text)
+
+    def structured(self, messages: list[dict], schema: type[T], attempts: int = 3,
+                   check: Callable[[Any], Any] | None = None, **kw):
+        """JSON matching `schema` (decoding constrained to it where the endpoint can), then
+        `check(value)` for what a grammar cannot express (names, sentence counts, ids): its
+        ValueError goes back to the model like a parse error; its return value is the answer."""
+        if self.config.constrained_json and "response_format" not in kw:
+            kw["response_format"] = self.response_format(schema)
+
+        def parse(text: str):
+            value = schema.model_validate(extract_json(text))
+            return check(value) if check else value
+        try:
+            return self.ask(messages, parse, attempts, "Reply again with only the corrected JSON.", **kw)
+        except StructuredOutputError as err:
+            raise StructuredOutputError(f"{schema.__name__}: {err}", reply=err.reply) from None

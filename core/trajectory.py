@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import threading
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -75,27 +76,22 @@ class TrajectoryStore:
             return set()
         out = set()
         for line in self.quarantine_path.read_text(errors="replace").splitlines():
-            try:
+            with suppress(ValueError, KeyError, TypeError):
                 q = json.loads(line)
                 out.add((q["line"], q["text"]))
-            except (ValueError, KeyError, TypeError):
-                continue
         return out
 
     def _quarantine(self, entries: list[dict]) -> None:
         with open(self.quarantine_path, "a") as f:
-            for e in entries:
-                f.write(json.dumps(e) + "\n")
+            f.writelines(json.dumps(e) + "\n" for e in entries)
             f.flush()
             os.fsync(f.fileno())
 
     def _load(self) -> None:
         if not self.path.exists():
             return
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
+        lines = self.path.read_bytes().split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline; else a torn (or unterminated) last line
-        self._torn = self._unterminated = 0
         if tail:
             try:
                 t = Trajectory.from_dict(json.loads(tail))
@@ -114,13 +110,10 @@ class TrajectoryStore:
         seen = self._quarantined()
         new = [b for b in bad if (b["line"], b["text"]) not in seen]
         if new:
-            try:
+            with suppress(OSError):  # a read-only run directory: report, keep nothing
                 self._quarantine(new)
-            except OSError:  # a read-only run directory: report, keep nothing
-                pass
             self._log(f"{self.path}: {len(new)} unreadable line(s) skipped (lines "
                       f"{', '.join(str(b['line']) for b in new[:10])}), kept in {self.quarantine_path.name}")
-
 
     def _write_index(self) -> None:
         atomic_write_json(self.index_path, {

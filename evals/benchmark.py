@@ -13,7 +13,11 @@ objects and a benchmark's shared state must be safe to read from several threads
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable
 
@@ -90,9 +94,6 @@ def register(prefix: str, factory: Callable[..., Benchmark]) -> None:
 
 def _from_file(path: Path):
     """Import a benchmark file once (by its absolute path) and return the module."""
-    import importlib.util
-    import sys
-
     path = path.resolve()
     name = f"trace_rl_plugin_{abs(hash(str(path)))}"
     if name in sys.modules:
@@ -100,8 +101,7 @@ def _from_file(path: Path):
     if not path.is_file():
         raise BenchmarkError(f"benchmark file {path} does not exist")
     spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as err:
@@ -114,9 +114,6 @@ def resolve(spec: str) -> tuple[Callable[..., Benchmark], str]:
     """`spec` -> (factory or Benchmark class, variant). Looked up in order: a registered prefix
     (`tau2:airline`), an entry point of the `trace_rl.benchmarks` group (`toolsandbox`,
     `toolsandbox:variant`), a file (`path/to/bench.py:Class`), a module (`pkg.mod:Class`)."""
-    import importlib
-    from importlib.metadata import entry_points
-
     prefix, _, rest = spec.partition(":")
     if prefix in BUILTIN and prefix not in _REGISTRY:  # by name, not import: the adapters import this module
         module, _, attr = BUILTIN[prefix].partition(":")
@@ -147,20 +144,15 @@ def resolve(spec: str) -> tuple[Callable[..., Benchmark], str]:
     return getattr(module, attr), variant
 
 
-def options_model(factory) -> type[BaseModel] | None:
-    return getattr(factory, "Options", None)
-
-
-def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = None, **legacy) -> Benchmark:
+def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = None) -> Benchmark:
     """The benchmark named by `spec`, built with its validated `options`.
 
     `offer` holds what the framework can supply (max_steps, user_llm): each is passed only if the
     benchmark's Options has that field, so a benchmark never receives options it does not take."""
     factory, variant = resolve(spec)
-    options = {**legacy, **(options or {})}
-    model = options_model(factory)
+    options, model = dict(options or {}), getattr(factory, "Options", None)
+    fields = model.model_fields if model is not None else {}
     if model is not None:
-        fields = model.model_fields
         options = {**{k: v for k, v in (offer or {}).items() if k in fields and v is not None}, **options}
         try:
             validated = model.model_validate(options)
@@ -172,9 +164,9 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
     elif options and isinstance(factory, type):
         raise BenchmarkError(f"{spec} takes no options, got {', '.join(sorted(options))}")
     if isinstance(factory, type) and issubclass(factory, Benchmark):
-        if variant and "variant" not in getattr(model, "model_fields", {}):
+        if variant and "variant" not in fields:
             raise BenchmarkError(f"{spec}: {factory.__name__} takes no @variant (its options: "
-                                 f"{', '.join(getattr(model, 'model_fields', {})) or 'none'})")
+                                 f"{', '.join(fields) or 'none'})")
         if variant and "variant" in options:
             raise BenchmarkError(f"{spec}: the variant is given twice (@{variant} and the variant option)")
         bench = factory(**({"variant": variant} if variant else {}), **options)

@@ -7,15 +7,19 @@ from pathlib import Path
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.benchmark import Benchmark
+from trace_rl.evals.facts import transfer_metrics
 from trace_rl.evals.report import plot_pass_rates, summarize
 from trace_rl.evals.rollout import rollout
 
 
 def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str | Path, *, split: str,
              trials: int = 1, skipped: dict[str, str] | None = None, mode_tasks: dict[str, int] | None = None,
-             passed_threshold: float | None = None, concurrency: int = 1) -> dict:
+             passed_threshold: float | None = None, concurrency: int = 1,
+             capabilities: list[dict] | None = None) -> dict:
     """{mode: figures | {"skipped": why}}; writes out_dir/<mode>/ stores, report.json and report.png.
-    `mode_tasks` gives some modes fewer tasks (slow in-process decoding); each row states its count."""
+    `mode_tasks` gives some modes fewer tasks (slow in-process decoding); each row states its count.
+    `capabilities` ({name, description}): each mode's figures get "transfer", the code-measured rate
+    of the failure each capability is about (evals/facts.py), a result even when no task passes."""
     out, results, series = Path(out_dir), {}, {}
     for mode, policy in policies.items():
         n = (mode_tasks or {}).get(mode)
@@ -23,6 +27,8 @@ def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str
                         split=split, passed_threshold=passed_threshold, concurrency=concurrency)
         series[mode] = summarize(trajs)
         results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name}
+        if capabilities:
+            results[mode]["transfer"] = transfer_metrics(trajs, capabilities, bench.spec()["tools"])
     results.update({m: {"skipped": why} for m, why in (skipped or {}).items()})
     plot_pass_rates(series, out / "report.png", f"{bench.name} [{split}]: base vs composed")
     atomic_write_json(out / "report.json", {"benchmark": bench.name, "split": split, "tasks": task_ids,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from trace_rl.core.trajectory import Trajectory
@@ -39,15 +39,12 @@ def summarize(trajs: list[Trajectory]) -> dict:
             per_task[f"{t.benchmark}/{t.task_id}"].append(t.passed)
         n, s = len(items), sum(t.passed for t in items)
         max_k = min(len(r) for r in per_task.values()) if per_task else 0
-        terminations: dict[str, int] = defaultdict(int)
-        for t in items:
-            terminations[t.termination] += 1
         out[name] = {
             "episodes": n, "tasks": len(per_task), "passed": s,
             "pass@1": s / n if n else 0.0, "ci95": wilson(s, n),
             "pass^k": {k: pass_hat_k(per_task, k) for k in range(1, max_k + 1)},
             "mean_reward": sum(t.reward for t in items) / n if n else 0.0,
-            "terminations": dict(terminations),
+            "terminations": dict(Counter(t.termination for t in items)),
             "mean_steps": sum(t.steps for t in items) / n if n else 0.0,
             "tokens": sum(t.prompt_tokens + t.completion_tokens for t in items),
             "seconds": sum(t.seconds for t in items),

@@ -35,8 +35,6 @@ def rollout(benchmark: Benchmark, policy: Policy | Callable[[], Policy], task_id
                             passed=sum(store.get(f"{benchmark.name}/{t}/{k}").passed
                                        for t, k in jobs if f"{benchmark.name}/{t}/{k}" in store))
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            futures = [pool.submit(one, tid, k) for tid, k in todo]
-            for fut in as_completed(futures):
-                traj = fut.result()
-                bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(traj.passed))
+            for fut in as_completed([pool.submit(one, tid, k) for tid, k in todo]):
+                bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(fut.result().passed))
     return [store.get(f"{benchmark.name}/{tid}/{k}") for tid, k in jobs]

@@ -2,9 +2,9 @@
 so the base agent, calibration and GRPO roll it out exactly like a real benchmark."""
 from __future__ import annotations
 
-from trace_rl.evals.benchmark import Benchmark, Episode, Observation, Score, decode_tool_calls
+from trace_rl.evals.benchmark import Benchmark, Episode, Observation, Score, Task, decode_tool_calls
 from trace_rl.sandbox import contract
-from trace_rl.sandbox.session import Sandbox
+from trace_rl.sandbox.session import Closing, Sandbox, SessionLimits, SessionPool
 
 
 def to_env_action(content: str, tool_calls: list[dict]) -> dict:
@@ -24,10 +24,8 @@ class SyntheticEpisode(Episode):
     def reset(self) -> Observation:
         self.session.new_episode()
         obs = contract.reset(self.session, self.seed)
-        self.plain_system_prompt = obs["system_prompt"]
-        hint = obs.get("hint") or ""
+        self.plain_system_prompt, self.tools, hint = obs["system_prompt"], obs["tools"], obs.get("hint") or ""
         self.system_prompt = self.plain_system_prompt + (f"\n\nHint: {hint}" if self.hinted and hint else "")
-        self.tools = obs["tools"]
         self.max_steps = int(obs.get("max_steps") or self.max_steps)
         return Observation(messages=obs["messages"])
 
@@ -43,14 +41,12 @@ class SyntheticEpisode(Episode):
                      reasons={"components": r["components"], "termination": termination, "seed": self.seed})
 
 
-class SyntheticBenchmark(Benchmark):
+class SyntheticBenchmark(Closing, Benchmark):
     """A synthesized environment as a benchmark: task ids are seeds, episodes run in a warm
     sandbox pool. Use as a context manager (it owns containers)."""
 
     def __init__(self, code: str, name: str = "synthetic", seeds: range = range(100), pool_size: int = 2,
                  hinted: bool = False, limits=None):
-        from trace_rl.sandbox.session import SessionLimits, SessionPool
-
         self.name, self.seeds, self.hinted = name, seeds, hinted
         self.pool = SessionPool(code, size=pool_size, limits=limits or SessionLimits())  # grows to the number of episodes alive at once
 
@@ -58,8 +54,6 @@ class SyntheticBenchmark(Benchmark):
         return ["seeds"]
 
     def tasks(self, split: str = "seeds"):
-        from trace_rl.evals.benchmark import Task
-
         return [Task(str(s), self.name, split) for s in self.seeds]
 
     def episode(self, task_id: str, hinted: bool | None = None) -> "PooledEpisode":
@@ -67,12 +61,6 @@ class SyntheticBenchmark(Benchmark):
 
     def close(self) -> None:
         self.pool.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class PooledEpisode(SyntheticEpisode):

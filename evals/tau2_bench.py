@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from copy import deepcopy
 from datetime import datetime
 from functools import lru_cache
+from importlib import resources
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from typing import Any
-
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from trace_rl.core.episode import tool_arguments
 from trace_rl.core.llm import LLMConfig
 from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task,
-                                     decode_tool_calls, register)
+                                     decode_tool_calls)
 
 DOMAINS = ("airline", "retail", "telecom")
 SOLO_DOMAINS = ("telecom",)
@@ -47,8 +47,6 @@ _TERMINATION = {"agent_stop", "user_stop", "max_steps", "too_many_errors", "agen
 @lru_cache(maxsize=None)
 def _quiet_tau2() -> None:
     """tau2 logs DEBUG lines (a registry dump among them) at import: keep warnings only."""
-    import sys
-
     from loguru import logger
 
     logger.remove()
@@ -57,11 +55,6 @@ def _quiet_tau2() -> None:
 
 TASK_SETS = ("tau2", "tau3")
 TAU3_DOMAINS = ("airline", "retail")
-
-
-def env_domain(domain: str, task_set: str) -> str:
-    """The tau2 registry name whose environment the task set needs (τ³ retail has one more tool)."""
-    return f"{domain}_tau3" if task_set == "tau3" else domain
 
 
 @lru_cache(maxsize=None)
@@ -109,8 +102,6 @@ def _register_tau3() -> None:
 
 @lru_cache(maxsize=None)
 def _tau3_all(domain: str) -> dict:
-    from importlib import resources
-
     from tau2.data_model.tasks import Task as Tau2Task
 
     raw = json.loads((resources.files("trace_rl.evals") / "data" / "tau3" / domain / "tasks.json").read_text())
@@ -150,7 +141,8 @@ class Tau2Episode(Episode):
         from tau2.agent.llm_agent import AGENT_INSTRUCTION, AGENT_SOLO_INSTRUCTION, SYSTEM_PROMPT, SYSTEM_PROMPT_SOLO
         from tau2.registry import registry
 
-        self.domain, self.task, self.solo = env_domain(domain, task_set), task, solo
+        self.task, self.solo = task, solo
+        self.domain = f"{domain}_tau3" if task_set == "tau3" else domain  # its tau2 registry name
         self.user_llm, self.user_llm_args = user_llm, dict(user_llm_args or {})
         self.max_steps, self.max_errors = max_steps, max_errors
         self.nl_judge = nl_judge  # an LLM judging NL assertions, or None (then only the rest is scored)
@@ -166,15 +158,7 @@ class Tau2Episode(Episode):
                 domain_policy=policy, ticket=task.ticket)
         else:
             self.system_prompt = SYSTEM_PROMPT.format(domain_policy=policy, agent_instruction=AGENT_INSTRUCTION)
-        self.trajectory: list = []
-        self.errors = 0
-        self.user = None
-        self.user_state = None
-
-    # -- tau2 <-> OpenAI message conversion
-    @staticmethod
-    def _tool_message(msg) -> dict:
-        return {"role": "tool", "tool_call_id": msg.id, "content": msg.content or ""}
+        self.trajectory, self.errors, self.user, self.user_state = [], 0, None, None
 
     def _init_state(self) -> None:
         init = self.task.initial_state
@@ -202,9 +186,8 @@ class Tau2Episode(Episode):
         self.user_state = self.user.get_init_state()
         first = AssistantMessage(role="assistant", content="Hi! How can I help you today?", timestamp=_now())
         self.trajectory.append(first)
-        opening = {"role": "assistant", "content": first.content}
         obs = self._user_turn(first)
-        obs.messages.insert(0, opening)
+        obs.messages.insert(0, {"role": "assistant", "content": first.content})
         return obs
 
     def _user_turn(self, message) -> Observation:
@@ -228,7 +211,7 @@ class Tau2Episode(Episode):
         return Observation([], done=True, reason="max_steps")
 
     def step(self, content: str, tool_calls: list[dict]) -> Observation:
-        from tau2.data_model.message import AssistantMessage, ToolCall
+        from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage
 
         calls = decode_tool_calls(tool_calls)
         if self.solo and any(name == STOP_TOOL for _, name, _ in calls):
@@ -242,8 +225,6 @@ class Tau2Episode(Episode):
             out = []
             for (call_id, name, args), tc in zip(calls, msg.tool_calls):
                 if args is None:
-                    from tau2.data_model.message import ToolMessage
-
                     result = ToolMessage(id=call_id, role="tool", requestor="assistant", error=True,
                                          content="Error: the tool call arguments were not a valid JSON object")
                 else:
@@ -251,7 +232,7 @@ class Tau2Episode(Episode):
                 result.timestamp = _now()
                 self.errors += bool(result.error)
                 self.trajectory.append(result)
-                out.append(self._tool_message(result))
+                out.append({"role": "tool", "tool_call_id": result.id, "content": result.content or ""})
             if self.errors >= self.max_errors:
                 return Observation(out, done=True, reason="too_many_errors")
             return Observation(out)
@@ -267,7 +248,7 @@ class Tau2Episode(Episode):
         """Score a scripted conversation with no user simulator: apply `tool_calls` (each may
         carry `requestor: user`), say each text in `say` to the user, then stop. Used to check
         that scoring agrees with tau2 (gold replay = 100%, do-nothing = the known floors)."""
-        from tau2.data_model.message import AssistantMessage, ToolCall
+        from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage
 
         self._init_state()
         for tc in tool_calls:
@@ -279,18 +260,13 @@ class Tau2Episode(Episode):
                                      f"{str(fn.get('arguments'))[:200]!r}")
             call = ToolCall(id=tc.get("id") or uuid.uuid4().hex[:8], name=fn["name"], arguments=args,
                             requestor=requestor)
-            if requestor == "assistant":
-                self.trajectory.append(AssistantMessage(role="assistant", tool_calls=[call], timestamp=_now()))
-            else:
-                from tau2.data_model.message import UserMessage
-
-                self.trajectory.append(UserMessage(role="user", tool_calls=[call], timestamp=_now()))
+            message = AssistantMessage if requestor == "assistant" else UserMessage  # requestor: assistant | user
+            self.trajectory.append(message(role=requestor, tool_calls=[call], timestamp=_now()))
             result = self.env.get_response(call)
             result.timestamp = _now()
             self.trajectory.append(result)
-        for text in say:
+        for text in [*say, STOP_TOKEN]:
             self.trajectory.append(AssistantMessage(role="assistant", content=text, timestamp=_now()))
-        self.trajectory.append(AssistantMessage(role="assistant", content=STOP_TOKEN, timestamp=_now()))
         return self.score("agent_stop")
 
     def gold_say(self) -> list[str]:
@@ -326,11 +302,8 @@ class Tau2Episode(Episode):
         reasons = {"termination": termination, "reward_breakdown": {str(k.value if hasattr(k, "value") else k): v
                                                                     for k, v in (info.reward_breakdown or {}).items()}}
         if task is not self.task:
-            if nl is None:
-                reasons["nl_assertions"] = "not judged (nl_judge off): the DB part alone was scored"
-            else:
-                reasons["nl_assertions"] = nl
-                reward *= nl["reward"]
+            reasons["nl_assertions"] = nl or "not judged (nl_judge off): the DB part alone was scored"
+            reward *= nl["reward"] if nl else 1.0
         if info.info:
             reasons["info"] = json.loads(json.dumps(info.info, default=str))
         if info.action_checks:
@@ -340,8 +313,6 @@ class Tau2Episode(Episode):
 
 def judge_nl_assertions(llm, messages, assertions: list[str]) -> dict:
     """τ³'s natural-language assertions judged by `llm` (schema-validated): reward 1 when all are met."""
-    from pydantic import BaseModel
-
     class Verdict(BaseModel):
         assertion: str
         met: bool
@@ -409,12 +380,9 @@ class Tau2Benchmark(Benchmark):
     def tasks(self, split: str) -> list[Task]:
         if split not in self.splits():
             raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
-        out = []
-        for t in _tau2_tasks(self.domain, split, self.task_set):
-            d = t.description
-            desc = (d.purpose or "") if d is not None else ""
-            out.append(Task(id=t.id, benchmark=self.name, split=split, description=desc or (t.ticket or "")[:300]))
-        return out
+        return [Task(id=t.id, benchmark=self.name, split=split,
+                     description=(t.description and t.description.purpose) or (t.ticket or "")[:300])
+                for t in _tau2_tasks(self.domain, split, self.task_set)]
 
     def _tau2_task(self, task_id: str):
         for split in self.splits():

@@ -12,15 +12,17 @@ fails as an `env_error` episode, the next one gets a fresh worker.
 from __future__ import annotations
 
 import inspect
-import json
+import math
 import subprocess
 import threading
+from contextlib import suppress
 from importlib import resources
 from pathlib import Path
 
 from pydantic import Field
 
 from trace_rl.evals.benchmark import Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task
+from trace_rl.sandbox.session import JsonLinesProcess, SandboxError, SessionLimits
 
 
 class WorkerError(BenchmarkError):
@@ -37,83 +39,38 @@ class WorkerOptions(BenchmarkOptions):
     max_restarts: int = Field(5, ge=0, description="worker restarts before the benchmark gives up")
 
 
-class Worker:
-    """One worker process; `call` is serialised by a lock and raises WorkerError on any failure."""
+class Worker(JsonLinesProcess):
+    """One worker process behind the sandbox's JSON-lines client (reply ids, call timeouts, the
+    stderr tail); `call` is serialised by a lock and raises WorkerError on any failure."""
+
+    what = "the worker"
+    KINDS = {"env_error": "error", "timeout": "timeout", "protocol": "protocol", "output_limit": "protocol"}
 
     def __init__(self, python: str, target: str, timeout: float):
-        self.timeout = timeout
-        script = str(resources.files("trace_rl.evals") / "worker_main.py")
-        try:
-            self.proc = subprocess.Popen([python, script, target], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.cmd = [python, str(resources.files("trace_rl.evals") / "worker_main.py"), target]
+        self.lock = threading.Lock()
+        try:  # no episode clock, and no cap that a benchmark's replies or logs could reach
+            super().__init__(SessionLimits(call_timeout_s=timeout, episode_timeout_s=math.inf,
+                                           max_reply_bytes=1 << 40, max_stderr_bytes=1 << 62))
         except OSError as err:
             raise BenchmarkError(f"cannot start the benchmark worker with python={python!r}: {err}") from None
-        self.lock = threading.Lock()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        self._ids = 0
-        try:
-            ready = self._read(0, "start")
-            if ready != "ready":
-                raise WorkerError("protocol", f"the worker did not start: {ready!r}")
-        except BaseException:
-            self.kill()
-            raise
 
-    def _drain(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr = (self.stderr + [line])[-50:]
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                bufsize=0)
 
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def _read(self, rid: int, op: str):
-        result: dict = {}
-
-        def read():
-            result["line"] = self.proc.stdout.readline()
-
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
-        t.join(self.timeout)
-        if t.is_alive():
-            self.kill()
-            raise WorkerError("timeout", f"no answer to {op} within {self.timeout}s")
-        line = result.get("line", "")
-        if not line:
-            self.proc.wait(timeout=10)
-            raise WorkerError("crashed", f"the worker exited ({self.proc.returncode}) during {op}: "
-                                         + "".join(self.stderr[-5:])[-1500:])
-        try:
-            reply = json.loads(line)
-            ok = reply["ok"]
-        except (ValueError, KeyError, TypeError):
-            self.kill()
-            raise WorkerError("protocol", f"garbage from the worker: {line[:200]!r}") from None
-        if reply.get("id") != rid or not isinstance(ok, bool):
-            self.kill()
-            raise WorkerError("protocol", f"reply {str(reply)[:200]} does not answer request {rid}")
-        if not ok:
-            raise WorkerError("error", f"{reply.get('error')}: {reply.get('message')}")
-        return reply.get("result")
+    def _kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     def call(self, op: str, *args):
         with self.lock:
-            if not self.alive:
-                raise WorkerError("crashed", f"the worker is not running ({op})")
-            self._ids += 1
             try:
-                self.proc.stdin.write(json.dumps({"id": self._ids, "op": op, "args": list(args)}) + "\n")
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                raise WorkerError("crashed", f"the worker is gone ({op})") from None
-            return self._read(self._ids, op)
-
-    def kill(self) -> None:
-        if self.alive:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+                return self.request({"op": op, "args": list(args)})
+            except SandboxError as err:
+                kind = self.KINDS.get(err.kind, "crashed")
+                tail = f" during {op}" + (f": {err.stderr[-1500:]}" if err.stderr else "") if kind == "crashed" else ""
+                raise WorkerError(kind, err.message + tail) from None
 
 
 class WorkerEpisode(Episode):
@@ -144,10 +101,8 @@ class WorkerEpisode(Episode):
 
     def close(self) -> None:
         if self.worker is not None and self.worker is self.bench.worker and self.worker.alive:
-            try:
+            with suppress(WorkerError):
                 self.worker.call("close", self.eid)
-            except WorkerError:
-                pass
 
 
 class WorkerBenchmark(Benchmark):
@@ -197,9 +152,8 @@ class WorkerBenchmark(Benchmark):
         return WorkerEpisode(self, task_id)
 
     def spec(self) -> dict:
-        got = self.live_worker().call("spec")
-        return got if got else super().spec()
+        return self.live_worker().call("spec") or super().spec()
 
     def close(self) -> None:
         if self.worker is not None:
-            self.worker.kill()
+            self.worker.close()

@@ -53,7 +53,6 @@ def main():
         "close": lambda eid: getattr(episodes.pop(eid, None), "close", lambda: None)(),
         "pid": lambda: os.getpid(),
     }
-    proto.write(json.dumps({"id": 0, "ok": True, "result": "ready"}) + "\n")
     for line in sys.stdin:
         rid = None
         try:

@@ -13,11 +13,7 @@ THREAD = {"configurable": {"thread_id": "trace-rl"}}
 
 def pending(app) -> list[dict]:
     """Interrupts waiting for a decision (at most one: the graph runs one node at a time)."""
-    state = app.get_state(THREAD, subgraphs=True)
-    out = []
-    for task in state.tasks:
-        out += [i.value for i in task.interrupts]
-    return out
+    return [i.value for task in app.get_state(THREAD, subgraphs=True).tasks for i in task.interrupts]
 
 
 def decisions_path(run_dir: Path) -> Path:
@@ -27,6 +23,14 @@ def decisions_path(run_dir: Path) -> Path:
 def read_decisions(run_dir: Path) -> dict:
     p = decisions_path(run_dir)
     return read_json_file(p, "fix or remove it (decisions are asked again)") if p.is_file() else {}
+
+
+def pending_item(run_dir: Path, undecided: bool = False) -> dict | None:
+    """The item the run waits on (RUN_DIR/pending.json, written while it waits); with `undecided`,
+    None once a decision on it is recorded."""
+    p = Path(run_dir) / "pending.json"
+    item = read_json_file(p, "remove it (the run writes it again when it waits)") if p.is_file() else None
+    return None if item is None or undecided and item["id"] in read_decisions(run_dir) else item
 
 
 def record_decision(run_dir: Path, item_id: str, decision: dict) -> None:

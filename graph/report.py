@@ -39,7 +39,8 @@ def stage_summary(s: dict) -> list[dict]:
                      "detail": f"{figs['episodes']} episodes of {figs['model']}, {figs['passed']} passed"})
     caps: list[CapabilityRecord] = s.get("capabilities") or []
     runs = (s.get("analysis") or {}).get("labelling_runs") or []
-    unl = ", ".join(f"{r['unlabelled']}/{r['pairs']}" + ("" if r["reliable"] else " unreliable") for r in runs)
+    unl = ", ".join(f"{r['unlabelled']}/{r['pairs']}" + (f" (+{r['unverified']} unverified)" if r.get("unverified")
+                                                        else "") + ("" if r["reliable"] else " unreliable") for r in runs)
     kept = [c.name for c in caps if c.kept]
     forced = [c.name for c in caps if c.below_threshold]
     if caps:
@@ -97,6 +98,15 @@ def render_markdown(r: dict) -> str:
                 continue
             lines.append(f"| {mode} | {g['tasks']} × {g.get('trials', 1)} | {g['pass@1']:.1%} | "
                          f"{g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} | {(r.get('notes') or {}).get(mode, '')} |")
+    transfer = {m: g["transfer"] for m, g in (r.get("evaluation") or {}).items() if g.get("transfer")}
+    if transfer:  # lower is better: the failure each trained capability is about, measured by code
+        modes = list(transfer)
+        lines += ["", "## Capability transfer (share of episodes with the failure; lower is better)", "",
+                  "| capability | measured by | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
+        for cap, first in transfer[modes[0]].items():
+            cells = [f"{transfer[m][cap]['rate']:.0%} ({transfer[m][cap]['ci95'][0]:.0%}–{transfer[m][cap]['ci95'][1]:.0%}"
+                     f", n={transfer[m][cap]['episodes']})" if cap in transfer[m] else "–" for m in modes]
+            lines.append(f"| {cap} | {first['metric']} | " + " | ".join(cells) + " |")
     lines += ["", "## Wall time per stage (s)", ""] + [f"- {k}: {v:.0f}" for k, v in (r.get("timings") or {}).items()]
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from trace_rl.core.io import atomic_write_json
 from trace_rl.graph.config import RunConfig
@@ -35,14 +38,11 @@ def check_run_dir(run_dir: Path) -> None:
             raise RunDirError(f"{db} is not a checkpoint database ({'empty' if not header else 'damaged'}); "
                               "move it away to start this run over, or restore it from a backup")
         try:
-            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            try:
+            with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
                 check = con.execute("PRAGMA quick_check").fetchall()
                 con.execute("SELECT count(*) FROM sqlite_master").fetchall()
-                if check != [("ok",)]:
-                    raise sqlite3.DatabaseError(str(check[:3]))
-            finally:
-                con.close()
+            if check != [("ok",)]:
+                raise sqlite3.DatabaseError(str(check[:3]))
         except sqlite3.DatabaseError as err:
             raise RunDirError(f"{db} is damaged ({err}); move it away to start this run over") from None
     for name, fix in (("config.json", "restore it, or start a new run directory"),
@@ -59,8 +59,6 @@ def save_config(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def load_saved_config(run_dir: Path) -> RunConfig:
-    from pydantic import ValidationError
-
     p = Path(run_dir) / "config.json"
     if not p.is_file():
         raise FileNotFoundError(f"{run_dir} is not a trace-rl run directory (no config.json); start one with `trace-rl run`")

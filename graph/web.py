@@ -16,23 +16,13 @@ pre{background:#f6f6f6;padding:1em;overflow:auto;max-height:420px;font-size:12px
 .ok{color:#176b2c}.bad{color:#a11}button{font-size:16px;padding:6px 18px;margin-right:1em}"""
 
 
-def pending_item(run_dir: Path) -> dict | None:
-    from trace_rl.graph.rundir import read_json_file
-
-    p = Path(run_dir) / "pending.json"
-    return read_json_file(p, "remove it (the run writes it again when it waits)") if p.is_file() else None
-
-
 def _e(x) -> str:
     return html.escape(str(x))
 
 
 def _episode(msgs: list[dict]) -> str:
-    out = []
-    for m in msgs[1:12]:
-        body = m.get("content") if m.get("content") else json.dumps(m.get("tool_calls"))
-        out.append(f"[{m['role']}] {str(body)[:300]}")
-    return "<pre>" + _e("\n".join(out)) + "</pre>"
+    turns = (f"[{m['role']}] {str(m.get('content') or json.dumps(m.get('tool_calls')))[:300]}" for m in msgs[1:12])
+    return "<pre>" + _e("\n".join(turns)) + "</pre>"
 
 
 def render_capabilities(item: dict, run_dir: Path) -> str:
@@ -61,8 +51,7 @@ def render_environment(item: dict, run_dir: Path) -> str:
         parts.append("<h3>Verifier findings</h3><table><tr><th>check</th><th>result</th><th>detail</th></tr>" + "".join(
             f"<tr><td>{_e(f['check'])}</td><td class={'ok' if f['passed'] else 'bad'}>{'pass' if f['passed'] else 'FAIL'}"
             f"</td><td>{_e(f['detail'])}</td></tr>" for f in report.get("findings", [])) + "</table>")
-        if report.get("calibration"):
-            c = report["calibration"]
+        if c := report.get("calibration"):
             parts.append(f"<p>Calibration with the base model: mean reward {c['mean_reward']:.2f}, success "
                          f"{c['success_rate']:.2f}, informative groups {c['informative_groups']:.2f}</p>")
         for name, msgs in (report.get("samples") or {}).items():
@@ -77,11 +66,11 @@ def render_environment(item: dict, run_dir: Path) -> str:
 
 
 def page(run_dir: Path, message: str = "") -> str:
-    from trace_rl.graph.approvals import read_decisions
+    from trace_rl.graph.approvals import pending_item
 
-    item = pending_item(run_dir)
+    item = pending_item(run_dir, undecided=True)
     body = f"<p class=ok id=message>{_e(message)}</p>" if message else ""
-    if item is None or item["id"] in read_decisions(run_dir):
+    if item is None:
         body += "<p id=idle>Nothing is waiting for a decision.</p>"
     else:
         body += f"<h2 id=title>{_e(item['title'])}</h2>"
@@ -98,8 +87,7 @@ def decision_from_form(item: dict, form: dict[str, list[str]]) -> dict:
     reason = (form.get("reason") or [""])[0]
     if item["kind"] == "capabilities":
         approve = form.get("approve", [])
-        unknown = sorted(set(approve) - {c["name"] for c in item["items"]})
-        if unknown:
+        if unknown := sorted(set(approve) - {c["name"] for c in item["items"]}):
             raise BadDecision(f"not pending: {', '.join(unknown)}")
         return {"approve": approve, "reject": {c["name"]: reason or "rejected on the web page"
                                                for c in item["items"] if c["name"] not in approve}, "by": "web"}
@@ -111,7 +99,7 @@ def decision_from_form(item: dict, form: dict[str, list[str]]) -> dict:
 
 def serve(run_dir: str | Path, port: int = 0) -> ThreadingHTTPServer:
     """Start the page in a background thread; returns the server (`.shutdown()` to stop)."""
-    from trace_rl.graph.approvals import record_decision
+    from trace_rl.graph.approvals import pending_item, record_decision
 
     run_dir = Path(run_dir).resolve()
 

@@ -36,8 +36,7 @@ def reset(session: Sandbox, seed: int) -> dict:
     call = f"reset({seed})"
     if not isinstance(obs, dict):
         raise _bad(call, f"must return a dict, got {type(obs).__name__}")
-    missing = {"system_prompt", "tools", "messages"} - set(obs)
-    if missing:
+    if missing := {"system_prompt", "tools", "messages"} - set(obs):
         raise _bad(call, f"result lacks {sorted(missing)}")
     if not isinstance(obs["system_prompt"], str):
         raise _bad(call, f"system_prompt must be a string, got {type(obs['system_prompt']).__name__}")

@@ -29,10 +29,6 @@ class DockerUnavailable(RuntimeError):
     pass
 
 
-def _is_root() -> bool:
-    return os.geteuid() == 0
-
-
 def _apt_install(*packages: str) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
@@ -56,7 +52,7 @@ def ensure_engine(timeout: float = 90.0):
     """A docker client talking to a live engine, installing/starting dockerd if we may."""
     if engine_ok():
         return _client()
-    if not _is_root():
+    if os.geteuid() != 0:
         raise DockerUnavailable(
             "no Docker engine answers on $DOCKER_HOST or /var/run/docker.sock. Start one "
             "(`sudo systemctl start docker`, or `sudo dockerd &`), or add yourself to the docker group.")
@@ -76,11 +72,8 @@ def ensure_engine(timeout: float = 90.0):
 
 def debian_mirror() -> str:
     """The Debian mirror this machine's apt already uses (no other host is reachable)."""
-    texts = []
     for p in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
-        if p.is_file():
-            texts.append(p.read_text())
-    for text in texts:
+        text = p.read_text() if p.is_file() else ""
         for m in re.finditer(r"^(?:URIs:\s*|deb\s+(?:\[[^\]]*\]\s*)?)(\S+)", text, re.M):
             uri = m.group(1).rstrip("/")
             if "security" not in uri:
@@ -92,7 +85,7 @@ def _recipe_files() -> dict[str, bytes]:
     """The image's build context: sandbox/image/* and core/reward.py as reward.py (the one reward
     module, imported by trace_env.py inside the sandbox). The tag hashes all of them."""
     root = resources.files("trace_rl.sandbox") / "image"
-    files = {p.name: p.read_bytes() for p in sorted(root.iterdir(), key=lambda p: p.name) if p.is_file()}
+    files = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
     files["reward.py"] = (resources.files("trace_rl.core") / "reward.py").read_bytes()
     return dict(sorted(files.items()))
 
@@ -127,7 +120,7 @@ def _has_image(client, tag: str) -> bool:
 
 def _build_base(client, tag: str, log=print) -> None:
     if not shutil.which("debootstrap"):
-        if not _is_root():
+        if os.geteuid() != 0:
             raise DockerUnavailable("debootstrap is needed to build the sandbox base image: apt-get install debootstrap")
         _apt_install("debootstrap")
     with tempfile.TemporaryDirectory(prefix="trace-rl-rootfs-") as tmp:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import queue
 import resource
 import select
@@ -29,6 +30,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,19 +42,15 @@ class SandboxError(RuntimeError):
 
     def __init__(self, kind: str, message: str, stderr: str = "", traceback: str = ""):
         super().__init__(f"[{kind}] {message}" + (f"\n--- stderr tail ---\n{stderr[-2000:]}" if stderr else ""))
-        self.kind, self.stderr, self.traceback = kind, stderr, traceback
+        self.kind, self.message, self.stderr, self.traceback = kind, message, stderr, traceback
 
 
 @dataclass(frozen=True)
-class Limits:
+class SessionLimits:
     memory: str = "512m"
     cpus: float = 1.0
     pids: int = 128
     tmpfs_size: str = "64m"
-
-
-@dataclass(frozen=True)
-class SessionLimits(Limits):
     call_timeout_s: float = 10.0
     episode_timeout_s: float = 300.0
     max_reply_bytes: int = 4 << 20
@@ -66,8 +64,6 @@ SANDBOX_UID = 64917  # the image's user (sandbox/image/Dockerfile): a uid no hos
 def sandbox_user() -> str:
     """uid:gid for containers; refuses to run as a uid that a host account owns (a file the
     container could write through a mount, or a process it could signal, would be that user's)."""
-    import pwd
-
     try:
         owner = pwd.getpwuid(SANDBOX_UID).pw_name
     except KeyError:
@@ -76,20 +72,16 @@ def sandbox_user() -> str:
                        "change SANDBOX_UID in sandbox/session.py and the Dockerfile to a free one")
 
 
-def cli_flags(limits: Limits) -> list[str]:
-    """The hardening every container gets, as `docker run` flags: no network, read-only root with a
-    small tmpfs, memory/CPU/pid limits, no capabilities or new privileges, a non-host uid, no IPC."""
-    return ["--network", "none", "--read-only", "--memory", limits.memory, "--memory-swap", limits.memory,
-            "--cpus", str(int(limits.cpus * 1e9) / 1e9), "--pids-limit", str(limits.pids),
-            "--user", sandbox_user(), "--ipc", "none", "--tmpfs", f"/tmp:size={limits.tmpfs_size},mode=1777",
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-
-
-def docker_run_args(image: str, limits: Limits, name: str) -> list[str]:
-    """`docker run` for a session container, with cli_flags' restrictions."""
-    return ["docker", "run", "-i", "--rm", "--name", name, *cli_flags(limits), "--log-driver", "none",
-            "-e", f"TRACE_RL_MAX_REPLY={getattr(limits, 'max_reply_bytes', 4 << 20)}",
-            image, "python3", "/opt/trace_rl/runner.py"]
+def docker_run_args(image: str, limits: SessionLimits, name: str) -> list[str]:
+    """`docker run` for a session container, with the hardening every container gets: no network,
+    read-only root with a small tmpfs, memory/CPU/pid limits, no capabilities or new privileges, a
+    non-host uid, no IPC."""
+    return ["docker", "run", "-i", "--rm", "--name", name, "--network", "none", "--read-only",
+            "--memory", limits.memory, "--memory-swap", limits.memory, "--cpus", str(int(limits.cpus * 1e9) / 1e9),
+            "--pids-limit", str(limits.pids), "--user", sandbox_user(), "--ipc", "none",
+            "--tmpfs", f"/tmp:size={limits.tmpfs_size},mode=1777", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--log-driver", "none",
+            "-e", f"TRACE_RL_MAX_REPLY={limits.max_reply_bytes}", image, "python3", "/opt/trace_rl/runner.py"]
 
 
 MAX_DEPTH = 64  # nesting of a reply's JSON; deeper is a protocol error, not a RecursionError on the host
@@ -127,7 +119,17 @@ def parse_reply(line: bytes) -> dict:
     return reply
 
 
-class Sandbox(ABC):
+class Closing:
+    """`with x:` ends in `x.close()`."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Sandbox(Closing, ABC):
     """A warm sandbox session: what the stages need, whichever backend runs it. Every failure is a
     `SandboxError` with a kind (see there); a session whose process died is not `alive`, keeps
     raising its first failure, and is replaced, never reused. `close()` is quick and idempotent."""
@@ -137,7 +139,8 @@ class Sandbox(ABC):
 
     @abstractmethod
     def load(self, code: str, entry: str = "Env", **kwargs) -> None:
-        """Exec the module and build `entry(**kwargs)`; on failure the session is closed."""
+        """Exec the module and build `entry(**kwargs)`; on failure the session is closed (a session
+        that never loaded is useless)."""
 
     @abstractmethod
     def call(self, method: str, *args, **kwargs):
@@ -158,17 +161,11 @@ class Sandbox(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class _JsonLinesSession(Sandbox):
-    """The host side of the JSON-lines protocol with runner.py in a child process (both backends):
-    request ids, call/episode timeouts, reply and output caps, typed errors. Subclasses start the
-    process (`_spawn`) and kill it (`_kill`)."""
+class JsonLinesProcess(Closing, ABC):
+    """The host side of a JSON-lines protocol with a child process (runner.py for both sandbox
+    backends, a benchmark's worker): request ids, call/episode timeouts, reply and output caps,
+    typed errors. Subclasses start the process (`_spawn`) and kill it (`_kill`)."""
 
     what = "process"  # in messages: "<what> exited with ..."
 
@@ -267,26 +264,6 @@ class _JsonLinesSession(Sandbox):
                                reply.get("traceback", ""))
         return reply.get("result")
 
-    # -- the environment API
-    def load(self, code: str, entry: str = "Env", **kwargs) -> None:
-        """Load the module; on any failure the process is removed (a session that never loaded is useless)."""
-        try:
-            self.request({"op": "load", "code": code, "entry": entry, "kwargs": kwargs}, timeout=30)
-        except SandboxError:
-            self.close()
-            raise
-        self.loaded = (code, entry)
-
-    def call(self, method: str, *args, **kwargs):
-        return self.request({"op": "call", "method": method, "args": list(args), "kwargs": kwargs})
-
-    def exec(self, code: str, timeout: float | None = None) -> str:
-        return self.request({"op": "exec", "code": code}, timeout=timeout)
-
-    def new_episode(self) -> None:
-        """Restart the per-episode wall clock (call before each reset)."""
-        self._t_episode = time.monotonic()
-
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -302,10 +279,8 @@ class _JsonLinesSession(Sandbox):
         except (OSError, ValueError):
             pass
         finally:
-            try:
+            with suppress(OSError):
                 self.proc.stdout.close()
-            except OSError:
-                pass
 
     def close(self) -> None:
         """Remove the process (container); at most ~2 s whatever the module is doing."""
@@ -318,19 +293,35 @@ class _JsonLinesSession(Sandbox):
             killer.join(timeout=2)
             if self.proc.poll() is None:
                 self.proc.kill()  # the docker client; the engine finishes removing the container on its own
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
         for f in (self.proc.stdin,) if draining else (self.proc.stdin, self.proc.stdout):
-            try:
+            with suppress(OSError):
                 f.close()
-            except OSError:
-                pass
+
+
+class _JsonLinesSession(JsonLinesProcess, Sandbox):
+    """The Sandbox API on runner.py's protocol, for both backends."""
+
+    def load(self, code: str, entry: str = "Env", **kwargs) -> None:
+        try:
+            self.request({"op": "load", "code": code, "entry": entry, "kwargs": kwargs}, timeout=30)
+        except SandboxError:
+            self.close()
+            raise
+
+    def call(self, method: str, *args, **kwargs):
+        return self.request({"op": "call", "method": method, "args": list(args), "kwargs": kwargs})
+
+    def exec(self, code: str, timeout: float | None = None) -> str:
+        return self.request({"op": "exec", "code": code}, timeout=timeout)
+
+    def new_episode(self) -> None:
+        self._t_episode = time.monotonic()
 
 
 class EnvSession(_JsonLinesSession):
-    """The Docker backend: a warm hardened container (cli_flags) that can load environment code and
+    """The Docker backend: a warm hardened container (docker_run_args) that can load environment code and
     call methods on it. The one to use for code nobody has verified yet."""
 
     what = "container"
@@ -346,10 +337,8 @@ class EnvSession(_JsonLinesSession):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
 
     def _kill(self) -> None:
-        try:
+        with suppress(subprocess.TimeoutExpired):
             subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
         if self.proc.poll() is None:
             self.proc.kill()
 
@@ -376,11 +365,9 @@ def _user_tasks() -> int | None:
     except OSError:
         return None
     for pid in pids:
-        try:
+        with suppress(OSError):  # gone meanwhile
             if os.stat(f"/proc/{pid}").st_uid == uid:
                 n += len(os.listdir(f"/proc/{pid}/task"))
-        except OSError:
-            continue
     return n or None
 
 
@@ -389,10 +376,8 @@ def _lower_limit(pid: int, which: int, soft: int, hard: int | None = None) -> No
     _, cur_hard = resource.prlimit(pid, which)
     hard = soft if hard is None else hard
     hard = hard if cur_hard == resource.RLIM_INFINITY else min(hard, cur_hard)
-    try:
+    with suppress(ValueError, PermissionError):  # this platform or kernel refuses that one: keep going without it
         resource.prlimit(pid, which, (min(soft, hard), hard))
-    except (ValueError, PermissionError):  # this platform or kernel refuses that one: keep going without it
-        pass
 
 
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); import runner; runner.main()"
@@ -422,12 +407,11 @@ class SubprocessSession(_JsonLinesSession):
         self.python = python or sys.executable
         self.dir = Path(tempfile.mkdtemp(prefix="trace-rl-env-"))
         self.name = self.dir.name
-        lib, work = self.dir / "lib", self.dir / "work"
-        lib.mkdir()
-        work.mkdir()
+        self.lib, self.work = self.dir / "lib", self.dir / "work"
+        self.lib.mkdir()
+        self.work.mkdir()
         for name, data in runtime_files().items():
-            (lib / name).write_bytes(data)
-        self.lib, self.work = lib, work
+            (self.lib / name).write_bytes(data)
         try:
             super().__init__(limits)
         except BaseException:
@@ -442,7 +426,7 @@ class SubprocessSession(_JsonLinesSession):
                                 cwd=self.work, env=env, start_new_session=True, close_fds=True)
         # The runner only reads stdin until the first request, so limits set now bind all module code
         # (prlimit from here, not preexec_fn: that is unsafe in a host with threads, as GRPO's is).
-        try:
+        with suppress(ProcessLookupError):  # it died already: the first request says so
             cpu = max(1, int(self.limits.cpu_time_s))
             _lower_limit(proc.pid, resource.RLIMIT_AS, _size_bytes(self.limits.memory))
             _lower_limit(proc.pid, resource.RLIMIT_CPU, cpu, cpu + 5)  # SIGXCPU, then SIGKILL
@@ -450,15 +434,11 @@ class SubprocessSession(_JsonLinesSession):
             _lower_limit(proc.pid, resource.RLIMIT_CORE, 0)
             if os.geteuid() != 0 and (tasks := _user_tasks()) is not None:  # root ignores RLIMIT_NPROC
                 _lower_limit(proc.pid, resource.RLIMIT_NPROC, tasks + self.limits.pids)
-        except ProcessLookupError:
-            pass  # it died already: the first request says so
         return proc
 
     def _kill(self) -> None:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # the runner and whatever it started
-        except (ProcessLookupError, PermissionError):
-            pass
         if self.proc.poll() is None:
             self.proc.kill()
 
@@ -511,7 +491,7 @@ def self_check(limits: SessionLimits = SessionLimits()) -> tuple[bool, str]:
     return "NETWORK" not in out, out.strip()
 
 
-class SessionPool:
+class SessionPool(Closing):
     """Warm sessions with one environment loaded, so a GRPO group of 16 episodes does not
     pay 16 cold starts. A session that failed is replaced, never reused."""
 
@@ -552,9 +532,3 @@ class SessionPool:
             for s in self._all:
                 s.close()
             self._all.clear()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -122,7 +122,7 @@ def analyst_script(messages, tools):
              "example_task_ids": failed}]})
     weak = os.environ.get("TRACE_RL_WEAK_ANALYST")  # labels everything PRESENT, as the embedded 0.5B did for real
     return json.dumps({"labels": [
-        {"trajectory": k, "capability": c,
+        {"trajectory": k, "capability": c, "step": 1, "quote": "Which city does",  # the user's question
          "label": "PRESENT" if weak or c == "polite_reply_style" or o == "PASSED" else "LACKING"}
         for k, o in trajs for c in ("lookup_before_answering", "polite_reply_style")]})
 
@@ -168,7 +168,7 @@ def config(**over):
     """A small run of the real pipeline on the doubles above."""
     from trace_rl.graph.config import load_config
 
-    base = {"benchmark": "cities", "components": "graph_doubles:components", "calibrate": False,
+    base = {"benchmark": "cities", "components": "graph_doubles:components", "calibrate": False, "builder_mode": "code",
             "analysis": {"n_candidates": 2, "n_runs": 3, "k": 2, "concurrency": 1},
             "verify": {"seeds": 6, "determinism_seeds": 1}, "build_rounds": 3, "max_capabilities": 2,
             "grpo": {"group_size": 2, "groups_per_step": 1, "steps": 2, "max_turns": 2, "max_turn_tokens": 8,

@@ -105,8 +105,9 @@ def test_planted_capability_kept_and_distractor_dropped(tmp_path):
         for k in ids:
             noisy = (sum(map(ord, k)) + seed) % 10 == 0
             labels.append({"trajectory": k, "capability": "verify_preconditions",
-                           "label": "LACKING" if not outcome[k] and not noisy else "PRESENT"})
-            labels.append({"trajectory": k, "capability": "polite_tone", "label": "PRESENT"})
+                           "label": "LACKING" if not outcome[k] and not noisy else "PRESENT", "step": 1,
+                           "quote": "m0 x"})  # evidence that checks: message 1 is "m0 x"
+            labels.append({"trajectory": k, "capability": "polite_tone", "label": "PRESENT", "step": 2, "quote": "M1 X"})
         return json.dumps({"labels": labels})
     script.calls = []
     llm = ScriptedLLM(script)
@@ -118,7 +119,10 @@ def test_planted_capability_kept_and_distractor_dropped(tmp_path):
     assert results[0].name == "verify_preconditions"
     out = json.loads((tmp_path / "capabilities.json").read_text())
     assert out["cost"]["calls"] == llm.usage.calls and (tmp_path / "cov_delta.png").exists()
-    assert len(list((tmp_path / "labels").glob("run_*.json"))) == 10
+    assert len(list((tmp_path / "labels").glob("run_??.json"))) == 10
+    evidence = json.loads((tmp_path / "labels" / "run_00_evidence.json").read_text())
+    assert evidence[trajs[1].key]["verify_preconditions"] == {"label": "LACKING", "step": 1, "quote": "m0 x",
+                                                              "fact": None, "checked": True}
     # resume: everything cached, no new LLM calls
     calls = llm.usage.calls
     again = analyze(trajs, llm, tmp_path, cfg, progress=False)
@@ -173,8 +177,8 @@ def _labelling_script(skip: set[str]):
             raise AssertionError("discovery is not under test here")
         ids = re.findall(r"### trajectory (\S+)\noutcome: (PASSED|FAILED)", text)
         names = re.findall(r"^- ([a-z_]+):", messages[0]["content"], re.M)
-        return json.dumps({"labels": [{"trajectory": k, "capability": c, "label": "PRESENT" if o == "PASSED" else "LACKING"}
-                                      for k, o in ids for c in names if c not in skip]})
+        return json.dumps({"labels": [{"trajectory": k, "capability": c, "label": "PRESENT" if o == "PASSED" else "LACKING",
+                                       "step": 1, "quote": "m0 x"} for k, o in ids for c in names if c not in skip]})
     return script
 
 
@@ -258,3 +262,23 @@ def test_a_batch_the_analyst_cannot_label_is_unlabelled_not_a_crash(tmp_path):
                      progress=False)
     out = json.loads((tmp_path / "capabilities.json").read_text())
     assert out["labelling_runs"][0]["unlabelled"] == 6 and not res.kept
+
+
+def test_a_label_whose_evidence_does_not_check_is_na_and_counted(tmp_path):
+    """Quotes that do not occur at their step, a step out of range, a fact code never found, or no
+    evidence at all: each such PRESENT/LACKING label counts as NA and is counted per run."""
+    trajs = [traj(i, passed=i % 2 == 0) for i in range(6)]
+    bad = [{"step": 1, "quote": "never said"}, {"step": 99, "quote": "m0 x"}, {"fact": "write_without_read"}, {}]
+
+    def script(messages, tools):
+        if "propose at most" in messages[0]["content"].lower():
+            return json.dumps({"capabilities": [{"name": "verify_preconditions", "description": "Checks first. "
+                               "It matters.", "example_task_ids": [t.key for t in trajs if not t.passed][:2]}]})
+        ids = re.findall(r"### trajectory (\S+)", messages[1]["content"])
+        return json.dumps({"labels": [{"trajectory": k, "capability": "verify_preconditions", "label": "LACKING",
+                                       **bad[i % len(bad)]} for i, k in enumerate(ids)]})
+    cfg = AnalysisConfig(n_runs=2, k=1, context_chars=3000, per_trajectory_chars=1000, concurrency=1)
+    (res,) = analyze(trajs, ScriptedLLM(script), tmp_path, cfg, progress=False)
+    runs = json.loads((tmp_path / "capabilities.json").read_text())["labelling_runs"]
+    assert [r["unverified"] for r in runs] == [6, 6] and not res.kept and res.cov_mean == 0.0
+    assert "[1] [assistant] m0 x" in compact(trajs[0], 1000)  # what the analyst sees: the step numbers it cites

@@ -65,6 +65,11 @@ def test_full_path_keeps_the_planted_capability_and_loops_verify_to_build(refere
     report = json.loads((run / "report.json").read_text())
     assert set(report["timings"]) >= {"rollout", "analyse", "synthesise", "train", "compose", "evaluate"}
     assert "| lookup_before_answering |" in (run / "report.md").read_text()
+    transfer = state["results"]["base"]["transfer"]["lookup_before_answering"]  # measured by code on every row
+    assert transfer["episodes"] == state["results"]["base"]["episodes"] and 0 <= transfer["rate"] <= 1
+    assert "## Capability transfer" in (run / "report.md").read_text()
+    facts = json.loads((run / "iter_0/analysis/facts.json").read_text())
+    assert len(facts) == 12 and all("write_without_read" in f for f in facts.values())
 
 
 def _run(run: Path, resume: bool, kill: str | None = None) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from trace_rl import prompts
+from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.training.hf_policy import HFPolicy, assistant_labels, encode, render
 from trace_rl.training.moe import Adapter, LoRAMoE, train_gates
 
@@ -91,24 +92,19 @@ class Composition:
         return ["base", *[c["name"] for c in self.caps], "router", "moe"]
 
     def policy(self, mode: str) -> HFPolicy:
-        names = [c["name"] for c in self.caps]
         if mode not in self.modes:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes)}")
         pol = HFPolicy(self.moe.model, self.tok, f"{self.name}:{mode}", max_new_tokens=self.max_new_tokens)
         pol._lock = self._lock
-        if mode == "base":
-            pol.before_generate = lambda messages, tools: self.moe.force(0)
-        elif mode == "moe":
-            pol.before_generate = lambda messages, tools: self.moe.force(None)
-        elif mode == "router":
+        if mode == "router":
             def route(messages, tools):
                 key = task_text(messages)
                 if key not in self.routes:
                     self.routes[key] = self.router.choose(messages)
                 self.moe.force(self.routes[key])
             pol.before_generate = route
-        else:
-            slot = names.index(mode) + 1
+        else:  # a fixed slot, its index in `modes` (0 = base, k = adapter k), or None: the learned gates
+            slot = None if mode == "moe" else self.modes.index(mode)
             pol.before_generate = lambda messages, tools: self.moe.force(slot)
         return pol
 
@@ -134,13 +130,9 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
     rows = gate_examples(tokenizer, conversations)
     losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
-    out = Path(out_dir)
-    moe.save(out)
-    manifest = json.loads((out / "manifest.json").read_text())
-    manifest.update({"capabilities": capabilities, "gate_training": {
+    moe.save(out_dir, capabilities=capabilities, gate_training={
         "examples": len(rows), "epochs": epochs, "lr": lr, "lb_weight": lb_weight,
-        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}})
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None})
     return moe
 
 
@@ -157,15 +149,12 @@ def gates_untrained(composition_dir: str | Path) -> bool:
     return not (manifest.get("gate_training") or {}).get("examples")
 
 
-def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, epochs: int = 3,
-                    lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3,
-                    log=print) -> tuple[str | None, bool | None]:
+def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, log=print,
+                    **gate_training) -> tuple[str | None, bool | None]:
     """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
-    named and described after what it really trained on, gates trained on the successful GRPO
-    and held-out episodes. Returns (composition dir, gates untrained), or (None, None) when no
+    named and described after what it trained on, gates trained (compose()'s settings) on the
+    successful GRPO and held-out episodes. Returns (composition dir, gates untrained), or (None, None) when no
     adapter changed. Reuses a saved composition of the same adapters."""
-    from trace_rl.core.trajectory import TrajectoryStore
-
     trained = {k: v for k, v in adapters.items() if v.adapter and not v.untrained}
     if not trained:
         log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
@@ -184,8 +173,7 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
             convs += [(t.messages, tools) for t in TrajectoryStore(train_dir / name / sub).all() if t.passed]
     model, tok = load_base()
     caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
-    compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, epochs=epochs, lr=lr,
-            weight_decay=weight_decay, lb_weight=lb_weight)
+    compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, **gate_training)
     if gates_untrained(out):
         log("compose: GATES UNTRAINED: no successful rollout to train the gates on; the moe row routes every token "
             "to the base")

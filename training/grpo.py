@@ -18,8 +18,9 @@ Any `Benchmark` whose episodes take `hinted=` trains this way: a synthesized env
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,8 +28,9 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.trajectory import Trajectory
 from trace_rl.core.llm import Reply, parse_tool_calls
+from trace_rl.core.trajectory import Trajectory, TrajectoryStore
+from trace_rl.training.hf_policy import CachedBatch, encode, env_turn_ids, render, stop_ids
 
 
 class GRPOSettings(BaseModel):
@@ -92,14 +94,10 @@ class TokenRollout:
     """Plays episodes of a benchmark in lockstep and records them as tokens."""
 
     def __init__(self, bench, tokenizer, settings: GRPOSettings):
-        from trace_rl.training.hf_policy import stop_ids
-
         self.bench, self.tok, self.s = bench, tokenizer, settings
         self.stops = stop_ids(tokenizer)
 
     def _start(self, task_id: str, hinted: bool):
-        from trace_rl.training.hf_policy import encode, render
-
         ep = self.bench.episode(task_id, hinted=hinted)
         obs = ep.reset()
         plain = ep.plain_system_prompt or ep.system_prompt
@@ -113,8 +111,6 @@ class TokenRollout:
 
     def _turn(self, te: TokenEpisode, ep, new: list[int]) -> bool:
         """Apply one sampled turn; True while the episode goes on."""
-        from trace_rl.training.hf_policy import env_turn_ids
-
         te.turns += 1
         te.completion_ids += new
         te.env_mask += [1] * len(new)
@@ -237,8 +233,6 @@ class CapabilityGRPO:
 
     def __init__(self, model, tokenizer, bench, task_ids: list[str], out_dir: str | Path,
                  settings: GRPOSettings = GRPOSettings(), name: str = "adapter"):
-        from trace_rl.core.trajectory import TrajectoryStore
-
         if not task_ids:
             raise ValueError("GRPO needs at least one training task id")
         self.model, self.tok, self.bench, self.task_ids = model, tokenizer, bench, list(task_ids)
@@ -253,15 +247,11 @@ class CapabilityGRPO:
     def _generator(self, trainer) -> Generate:
         if trainer.use_vllm:  # trl syncs the LoRA-updated weights into vLLM before each rollout_func call
             return lambda seqs, n: trainer.vllm_generation.generate(seqs, None, 1)[1]
-        from trace_rl.training.hf_policy import CachedBatch
-
         # keeps each episode's KV cache between turns: the long prompts are read once per batch
         return CachedBatch(trainer.accelerator.unwrap_model(trainer.model), self.tok, self.s.temperature)
 
     def rollout_func(self, prompts: list, trainer) -> dict:
         """trl calls this with each group's prompt repeated G times; a prompt is the task id."""
-        import time
-
         t0 = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
@@ -352,11 +342,10 @@ class CapabilityGRPO:
         data = Dataset.from_dict({"prompt": [[{"role": "user", "content": t}] for t in self.task_ids]})
         lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
                           target_modules=s.lora_targets, task_type="CAUSAL_LM")
-        trainer_cls = _signal_only_trainer()
-        self.trainer = trainer_cls(model=self.model, reward_funcs=[env_reward, env_success], args=self.config(),
-                                   train_dataset=data, processing_class=self.tok, peft_config=lora,
-                                   rollout_func=self.rollout_func,
-                                   callbacks=[TensorBoardCallback(SummaryWriter(str(self.out / "tensorboard")))])
+        self.trainer = _signal_only_trainer()(
+            model=self.model, reward_funcs=[env_reward, env_success], args=self.config(), train_dataset=data,
+            processing_class=self.tok, peft_config=lora, rollout_func=self.rollout_func,
+            callbacks=[TensorBoardCallback(SummaryWriter(str(self.out / "tensorboard")))])
         return self.trainer
 
     def train(self) -> TrainResult:
@@ -369,17 +358,14 @@ class CapabilityGRPO:
         log = [r for r in trainer.state.log_history if "reward" in r]
         adapter, curve = self.out / "adapter", self.out / "curve.png"
         trainer.accelerator.wait_for_everyone()
-        if not trainer.accelerator.is_main_process:  # rank 0 writes the results
-            return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
-        tmp = self.out / ".adapter.tmp"
-        trainer.save_model(str(tmp))
-        if adapter.exists():
-            import shutil
-
-            shutil.rmtree(adapter)
-        tmp.rename(adapter)
-        atomic_write_json(self.out / "train_log.json", log)  # a kill mid-write must not leave half a log
-        plot_curve(log, curve, f"GRPO: {self.name}")
+        if trainer.accelerator.is_main_process:  # rank 0 writes the results
+            tmp = self.out / ".adapter.tmp"
+            trainer.save_model(str(tmp))
+            if adapter.exists():
+                shutil.rmtree(adapter)
+            tmp.rename(adapter)
+            plot_curve(log, curve, f"GRPO: {self.name}")
+            atomic_write_json(self.out / "train_log.json", log)  # last: it marks the training finished
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 
 
@@ -391,8 +377,7 @@ def adapter_changed(adapter_dir: str | Path) -> bool:
     path = Path(adapter_dir) / "adapter_model.safetensors"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no saved adapter to inspect")
-    weights = load_file(str(path))
-    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    lora_b = [t for k, t in load_file(str(path)).items() if "lora_B" in k]
     if not lora_b:
         raise ValueError(f"{path}: no lora_B weights; not a LoRA adapter")
     return any(bool(t.abs().max() > 0) for t in lora_b)
@@ -404,8 +389,7 @@ def plot_curve(log: list[dict], path: Path, title: str) -> None:
 
     steps = [r.get("step", i + 1) for i, r in enumerate(log)]
     fig, axes = subplots(1, 3, figsize=(11, 3.2))
-    series = [("reward", "reward"), ("rewards/env_success/mean", "success")]
-    for key, label in series:
+    for key, label in [("reward", "reward"), ("rewards/env_success/mean", "success")]:
         axes[0].plot(steps, [r.get(key, float("nan")) for r in log], marker=".", label=label)
     axes[0].fill_between(steps, [r.get("reward", 0) - r.get("reward_std", 0) for r in log],
                          [r.get("reward", 0) + r.get("reward_std", 0) for r in log], alpha=0.15)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trace_rl.core.episode import tool_arguments
 from trace_rl.core.llm import Reply, Usage, parse_tool_calls
+from trace_rl.core.models import hf_checkpoint
 
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -27,25 +28,16 @@ TOOLS_PREAMBLE = (
 
 def template_messages(messages: list[dict]) -> list[dict]:
     """OpenAI messages -> what HF chat templates expect (tool-call arguments as dicts)."""
-    out = []
-    for m in messages:
-        m = dict(m)
+    def as_dict(fn: dict) -> dict:  # a malformed call keeps its text
+        args = tool_arguments(fn["arguments"]) if isinstance(fn.get("arguments"), str) else None
+        return dict(fn) if args is None else {**fn, "arguments": args}
+
+    out = [dict(m) for m in messages]
+    for m in out:
         if m.get("tool_calls"):
-            calls = []
-            for tc in m["tool_calls"]:
-                fn = dict(tc["function"])
-                if isinstance(fn.get("arguments"), str):  # a malformed call keeps its text
-                    args = tool_arguments(fn["arguments"])
-                    fn["arguments"] = fn["arguments"] if args is None else args
-                calls.append({**tc, "function": fn})
-            m["tool_calls"] = calls
+            m["tool_calls"] = [{**tc, "function": as_dict(tc["function"])} for tc in m["tool_calls"]]
             m["content"] = m.get("content") or ""
-        out.append(m)
     return out
-
-
-def supports_tools(tokenizer) -> bool:
-    return "tools" in (tokenizer.chat_template or "")
 
 
 def _tools_as_text(messages: list[dict], tools: list[dict]) -> list[dict]:
@@ -72,7 +64,7 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None = None,
            add_generation_prompt: bool = False) -> str:
     """The chat template's text for `messages` (+ tools), one rendering rule for eval and training."""
     msgs = template_messages(messages)
-    if tools and not supports_tools(tokenizer):
+    if tools and "tools" not in (tokenizer.chat_template or ""):  # a template that ignores `tools`
         msgs, tools = _tools_as_text(msgs, tools), None
     return tokenizer.apply_chat_template(msgs, tools=tools or None, tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
@@ -173,18 +165,14 @@ class CachedBatch:
         dev = next(self.model.parameters()).device
         stops = stop_ids(self.tok)
         idx = self._continuation(seqs)
-        if idx is None:
-            width = max(len(s) for s in seqs)
-            ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=dev)
-            mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=dev)
-            cache = None
-        else:
+        rows = seqs if idx is None else [s[len(self.rows[j]):] for s, j in zip(seqs, idx)]  # all, or the new tokens
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=dev)  # left-padded, holes masked
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=dev)
+        cache = None
+        if idx is not None:
             sel = torch.tensor(idx, device=dev)
-            deltas = [s[len(self.rows[j]):] for s, j in zip(seqs, idx)]
-            width = max(len(d) for d in deltas)
-            block = torch.tensor([[pad] * (width - len(d)) + d for d in deltas], device=dev)
-            bmask = torch.tensor([[0] * (width - len(d)) + [1] * len(d) for d in deltas], device=dev)
-            ids, mask = torch.cat([self.ids[sel], block], 1), torch.cat([self.mask[sel], bmask], 1)
+            ids, mask = torch.cat([self.ids[sel], ids], 1), torch.cat([self.mask[sel], mask], 1)
             cache = self.cache
             cache.batch_select_indices(sel)
         self.fed = ids.shape[1] - (cache.get_seq_length() if cache is not None else 0)  # columns run this call
@@ -210,8 +198,6 @@ def load_model(name_or_path: str, device: str | None = None, dtype=None):
     bf16 on CUDA, fp32 elsewhere."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trace_rl.core.models import hf_checkpoint
 
     path = hf_checkpoint(name_or_path)
     device = device or (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
@@ -253,11 +239,7 @@ class HFPolicy:
                         return_dict_in_generate=True, **sampling(temp))
         if self._cache is not None:
             seen, cache = self._cache
-            n = 0
-            for a, b in zip(seen, ids):
-                if a != b:
-                    break
-                n += 1
+            n = next((i for i, (a, b) in enumerate(zip(seen, ids)) if a != b), min(len(seen), len(ids)))
             if 16 <= n < len(ids):  # at least one new token must be fed
                 cache.crop(n - cache.get_seq_length())  # negative: drop the tokens past the common prefix
                 kw["cache"] = cache
@@ -273,8 +255,7 @@ class HFPolicy:
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float | None = None,
              max_tokens: int | None = None, **_) -> Reply:
-        text_in = render(self.tokenizer, messages, tools, add_generation_prompt=True)
-        ids = encode(self.tokenizer, text_in)
+        ids = encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
         temp = self.temperature if temperature is None else temperature
         t0 = time.perf_counter()
         with self._lock:

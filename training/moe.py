@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trace_rl.core.io import atomic_write, atomic_write_json
 
 BASE_BIAS = 5.0
 
@@ -33,14 +36,13 @@ class Adapter:
         """Read the active adapter of a peft model (LoRA on Linear layers)."""
         weights, scaling = {}, None
         for path, mod in peft_model.named_modules():
-            if hasattr(mod, "lora_A") and name in getattr(mod, "lora_A", {}):
+            if name in getattr(mod, "lora_A", {}):
                 base_path = path.replace("base_model.model.", "", 1)
                 weights[base_path] = (mod.lora_A[name].weight.detach().clone(), mod.lora_B[name].weight.detach().clone())
                 scaling = mod.scaling[name]
         if not weights:
             raise ValueError(f"adapter {name!r} has no LoRA Linear layers in this model")
         return cls(name, weights, float(scaling))
-
 
     @classmethod
     def from_dir(cls, name: str, path: str | Path) -> "Adapter":
@@ -52,26 +54,23 @@ class Adapter:
         r, alpha = cfg["r"], cfg["lora_alpha"]
         scaling = alpha / (r ** 0.5) if cfg.get("use_rslora") else alpha / r
         tensors = load_file(str(path / "adapter_model.safetensors"))
-        weights = {}
-        for key, A in tensors.items():
-            if key.endswith(".lora_A.weight"):
-                module = key[: -len(".lora_A.weight")].replace("base_model.model.", "", 1)
-                weights[module] = (A, tensors[key.replace(".lora_A.", ".lora_B.")])
+        weights = {key.removesuffix(".lora_A.weight").replace("base_model.model.", "", 1):
+                   (A, tensors[key.replace(".lora_A.", ".lora_B.")]) for key, A in tensors.items()
+                   if key.endswith(".lora_A.weight")}
         if not weights:
             raise ValueError(f"{path} holds no LoRA A/B weights")
         return cls(name, weights, float(scaling))
 
 
+@dataclass
 class Routing:
     """Per-layer routing decisions, shared by the gate and that layer's Linears."""
-
-    def __init__(self):
-        self.route: torch.Tensor | None = None  # [batch, seq] long, 0 = base
-        self.gate: torch.Tensor | None = None  # [batch, seq] g of the chosen slot
-        self.probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
-        self.force: int | None = None  # force every token to one slot (tests, single-adapter eval)
-        self.mask: torch.Tensor | None = None  # [batch, seq, n * r]: g on the chosen expert's rank slots
-        self.rank: int = 0
+    rank: int  # the adapters' LoRA rank
+    route: torch.Tensor | None = None  # [batch, seq] long, 0 = base
+    gate: torch.Tensor | None = None  # [batch, seq] g of the chosen slot
+    probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
+    force: int | None = None  # force every token to one slot (tests, single-adapter eval)
+    mask: torch.Tensor | None = None  # [batch, seq, n * r]: g on the chosen expert's rank slots
 
 
 class RoutedLoRALinear(nn.Module):
@@ -103,7 +102,9 @@ class LayerGate(nn.Module):
             self.proj.bias[0] = BASE_BIAS
         self.routing = routing
 
-    def decide(self, hidden: torch.Tensor) -> None:
+    def decide(self, layer, args, kwargs) -> None:
+        """The decoder layer's forward pre-hook: route the tokens of its input."""
+        hidden = args[0] if args else kwargs["hidden_states"]
         logits = self.proj(hidden.to(self.proj.weight.dtype))
         probs = logits.softmax(-1)
         if self.routing.force is not None:
@@ -113,8 +114,7 @@ class LayerGate(nn.Module):
             route = probs.argmax(-1)
             gate = probs.gather(-1, route.unsqueeze(-1)).squeeze(-1).to(hidden.dtype)  # multiplicative gating
         self.routing.route, self.routing.gate, self.routing.probs = route, gate, probs
-        n = logits.shape[-1] - 1
-        sel = F.one_hot(route, n + 1)[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
+        sel = F.one_hot(route, logits.shape[-1])[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
         if torch.is_grad_enabled() and self.routing.force is None:
             # Straight-through: the forward value stays hard top-1 (exactly what inference runs),
             # the gradient is the dense mixture's, Σ_k p_k B_k A_k x. With hard top-1 alone, tokens
@@ -126,11 +126,8 @@ class LayerGate(nn.Module):
 
 def _decoder_layers(model) -> nn.ModuleList:
     for path in ("model.layers", "model.model.layers", "transformer.h"):
-        obj = model
         try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
-            return obj
+            return reduce(getattr, path.split("."), model)
         except AttributeError:
             continue
     raise ValueError("cannot find the decoder layers of this model")
@@ -150,37 +147,27 @@ class LoRAMoE(nn.Module):
         hidden = model.config.hidden_size
         self.gates = nn.ModuleList()
         self.routings: list[Routing] = []
-        layer_paths = {id(l): i for i, l in enumerate(layers)}
         modules = dict(model.named_modules())
         targets = set(adapters[0].weights)
         ranks = {A.shape[0] for a in adapters for A, _ in a.weights.values()}
-        for a in adapters[1:]:
-            if set(a.weights) != targets:
-                raise ValueError(f"adapter {a.name} targets other modules than {adapters[0].name}")
+        if odd := [a.name for a in adapters if set(a.weights) != targets]:
+            raise ValueError(f"adapter {odd[0]} targets other modules than {adapters[0].name}")
         if len(ranks) != 1:
             raise ValueError(f"adapters must share one LoRA rank to be fused; got ranks {sorted(ranks)}")
-        prefix = {i: name for name, m in modules.items() if id(m) in layer_paths for i in [layer_paths[id(m)]]}
-        for i, layer in enumerate(layers):
-            routing = Routing()
-            routing.rank = next(iter(ranks))
+        prefix = {id(m): name for name, m in modules.items()}
+        for layer in layers:
+            routing = Routing(rank=next(iter(ranks)))
             gate = LayerGate(hidden, len(adapters), routing).to(next(model.parameters()).device)
             self.gates.append(gate)
             self.routings.append(routing)
-            layer.register_forward_pre_hook(self._pre_hook(gate), with_kwargs=True)
-            for path in [p for p in targets if p.startswith(prefix[i] + ".")]:
+            layer.register_forward_pre_hook(gate.decide, with_kwargs=True)
+            for path in [p for p in targets if p.startswith(prefix[id(layer)] + ".")]:
                 parent_path, attr = path.rsplit(".", 1)
                 parent = modules[parent_path]
                 base = getattr(parent, attr)
                 setattr(parent, attr, RoutedLoRALinear(base, [a.weights[path][0] for a in adapters],
                                                        [a.weights[path][1] for a in adapters],
                                                        [a.scaling for a in adapters], routing))
-
-    @staticmethod
-    def _pre_hook(gate: LayerGate):
-        def hook(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]
-            gate.decide(hidden)
-        return hook
 
     def force(self, slot: int | None) -> None:
         """Route every token to `slot` (0 = base, k = adapter k), or None for learned routing."""
@@ -193,9 +180,7 @@ class LoRAMoE(nn.Module):
     def load_balance_loss(self) -> torch.Tensor:
         """Switch-style: (1 + n) · Σ_i f_i · P_i, averaged over layers."""
         losses = []
-        for r in self.routings:
-            if r.probs is None:
-                continue
+        for r in [r for r in self.routings if r.probs is not None]:  # layers that ran
             n1 = r.probs.shape[-1]
             f = F.one_hot(r.route, n1).float().mean(dim=tuple(range(r.route.dim())))
             p = r.probs.float().mean(dim=tuple(range(r.probs.dim() - 1)))
@@ -210,17 +195,17 @@ class LoRAMoE(nn.Module):
     def gate_parameters(self):
         return self.gates.parameters()
 
-    def save(self, path: str | Path) -> None:
-        """One artefact: adapters + gates + manifest."""
+    def save(self, path: str | Path, **manifest) -> None:
+        """One artefact: adapters + gates + manifest (with `manifest`'s extra fields)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({"gates": self.gates.state_dict(),
-                    "adapters": [{"name": a.name, "scaling": a.scaling, "weights": a.weights} for a in self.adapters]},
-                   path / "moe.pt")
-        (path / "manifest.json").write_text(json.dumps({
+        atomic_write(path / "moe.pt", lambda tmp: torch.save({
+            "gates": self.gates.state_dict(),
+            "adapters": [{"name": a.name, "scaling": a.scaling, "weights": a.weights} for a in self.adapters]}, tmp))
+        atomic_write_json(path / "manifest.json", {  # last: a manifest means the artefact is whole
             "adapters": [a.name for a in self.adapters], "n_layers": len(self.gates),
             "targets": sorted(self.adapters[0].weights), "base_bias": BASE_BIAS,
-            "gate_parameters": sum(p.numel() for p in self.gates.parameters())}, indent=2))
+            "gate_parameters": sum(p.numel() for p in self.gates.parameters()), **manifest})
 
     @classmethod
     def load(cls, model, path: str | Path) -> "LoRAMoE":
@@ -239,8 +224,7 @@ def train_gates(moe: LoRAMoE, batches, epochs: int = 3, lr: float = 5e-4, weight
     moe.force(None)
     for _ in range(epochs):
         for batch in batches:
-            out = moe(**batch)
-            loss = out.loss + lb_weight * moe.load_balance_loss()
+            loss = moe(**batch).loss + lb_weight * moe.load_balance_loss()
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -16,7 +16,7 @@ from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.report import summarize
 from trace_rl.evals.rollout import rollout
 from trace_rl.evals.synthetic import SyntheticBenchmark
-from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings, adapter_changed
+from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings, adapter_changed, plot_curve
 from trace_rl.training.hf_policy import HFPolicy
 
 HELDOUT_START = 10**6  # held-out seeds start here: disjoint from the training seeds
@@ -26,33 +26,15 @@ def env_benchmark(name: str, code: str, seeds: range) -> SyntheticBenchmark:
     return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1)
 
 
-def env_tools(name: str, code: str) -> list[dict]:
-    """The tool schemas the environment offers (what the router's gate examples are rendered with)."""
-    with env_benchmark(name, code, range(1)) as bench:
-        ep = bench.episode("0")
-        try:
-            ep.reset()
-            return ep.tools
-        finally:
-            ep.close()
-
-
-def heldout(name: str, code: str, policy, seeds: int, store: Path, max_turns: int) -> HeldOut:
-    ids = range(HELDOUT_START, HELDOUT_START + seeds)
-    with env_benchmark(name, code, ids) as bench:
-        trajs = rollout(bench, policy, [str(x) for x in ids], TrajectoryStore(store), split="heldout",
-                        max_steps=max_turns)
-    figs = next(iter(summarize(trajs).values()))
-    return HeldOut(success=figs["pass@1"], mean_reward=figs["mean_reward"], episodes=figs["episodes"])
-
-
 def grpo(name: str, code: str, load_base: Callable[[], tuple], out: Path, settings: GRPOSettings,
          train_seeds: int, log=print) -> tuple[str, int, str | None, bool]:
     """(adapter path, steps, curve PNG, untrained) — from disk when the adapter is already there."""
     if (out / "adapter" / "adapter_config.json").is_file() and (out / "train_log.json").is_file():
-        steps = len(json.loads((out / "train_log.json").read_text()))
+        history = json.loads((out / "train_log.json").read_text())
         curve = out / "curve.png"
-        return str(out / "adapter"), steps, str(curve) if curve.is_file() else None, not adapter_changed(out / "adapter")
+        if not curve.is_file():  # trained by a version that plotted after the log: draw it again
+            plot_curve(history, curve, f"GRPO: {name}")
+        return str(out / "adapter"), len(history), str(curve), not adapter_changed(out / "adapter")
     model, tok = load_base()
     ids = [str(x) for x in range(train_seeds)]
     with env_benchmark(name, code, range(train_seeds)) as bench:
@@ -74,13 +56,19 @@ def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base:
     ranks return None."""
     out, code = Path(out_dir), Path(env).read_text()
     if not (out / "tools.json").is_file():  # before training: a kill after the adapter is saved must find it too
-        atomic_write_json(out / "tools.json", env_tools(name, code))
+        with env_benchmark(name, code, range(1)) as bench:  # what the router's gate examples are rendered with
+            atomic_write_json(out / "tools.json", bench.spec()["tools"])
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
 
     def measure(model, tok, tag: str) -> HeldOut:
-        policy = HFPolicy(model, tok, tag if tag == "base" else name, max_new_tokens=settings.max_turn_tokens)
-        return heldout(name, code, policy, heldout_seeds, out / f"heldout_{'before' if tag == 'base' else 'after'}",
-                       settings.max_turns)
+        """Held-out success of the base ("base") or the trained adapter, on seeds disjoint from training."""
+        ids = range(HELDOUT_START, HELDOUT_START + heldout_seeds)
+        policy = HFPolicy(model, tok, tag, max_new_tokens=settings.max_turn_tokens)
+        with env_benchmark(name, code, ids) as bench:
+            trajs = rollout(bench, policy, [str(x) for x in ids], split="heldout", max_steps=settings.max_turns,
+                            store=TrajectoryStore(out / f"heldout_{'before' if tag == 'base' else 'after'}"))
+        figs = next(iter(summarize(trajs).values()))
+        return HeldOut(success=figs["pass@1"], mean_reward=figs["mean_reward"], episodes=figs["episodes"])
 
     before = None if distributed else measure(*load_base(), "base")
     adapter, steps, curve, untrained = grpo(name, code, load_base, out / "grpo", settings, train_seeds, log)

@@ -173,6 +173,7 @@ class SpecEnv(Environment):
     """An Environment whose instance, tools, reference and reward all come from SPEC."""
     SPEC = None
     TOOLS = []  # the target's full tool schemas (at least those SPEC names), copied by host code
+    POLICY = ""  # the target's policy, copied by host code: it comes before the spec's system prompt
 
     def __init__(self, spec=None, tools=None):
         spec, tools = (self.SPEC if spec is None else spec), (self.TOOLS if tools is None else tools)
@@ -199,7 +200,8 @@ class SpecEnv(Environment):
         for name, spec in self.spec.get("task", {}).items():
             self.task[name] = self._value(spec, rng)
         ctx = {"task": self.task}
-        self._system_prompt = str(render(self.spec["system_prompt"], ctx))
+        own = str(render(self.spec["system_prompt"], ctx))
+        self._system_prompt = f"<policy>\n{self.POLICY}\n</policy>\n\n{own}" if self.POLICY else own
         return str(render(self.spec["user_message"], ctx))
 
     def _value(self, spec, rng):

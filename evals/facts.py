@@ -1,0 +1,116 @@
+"""Facts about a trajectory that code can establish, so the analyst labels from evidence and a
+trained capability can be measured on the target even when no task passes.
+
+Every fact is a list of occurrences {"step": message index, "detail": text}. Step indices are
+positions in `Trajectory.messages`, the same numbers the analyst sees (`agents.analyst.compact`).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from trace_rl.core.episode import tool_arguments
+from trace_rl.core.trajectory import Trajectory
+from trace_rl.evals.report import wilson
+
+FACTS = {
+    "tool_errors": "a tool answered with an error",
+    "unknown_tools": "a call to a tool the agent was not given",
+    "invalid_arguments": "a call whose arguments break the tool's schema (missing, unknown or mistyped)",
+    "repeated_calls": "the same call (tool and arguments) made again",
+    "write_without_read": "a tool that changes data called on an id no earlier call or result mentioned",
+}
+READ_VERBS = ("get", "find", "list", "search", "check", "calculate", "lookup", "read", "show", "view", "think")
+NEUTRAL = ("transfer_to_human_agents", "done")  # neither reads nor changes data
+TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
+
+
+def is_write(tool: str) -> bool:
+    """A tool that changes data, by its name's first word (τ²-bench's tools all follow this)."""
+    return tool not in NEUTRAL and tool.split("_")[0] not in READ_VERBS
+
+
+def _schema_problems(args: dict | None, schema: dict) -> list[str]:
+    if args is None:
+        return ["arguments are not a JSON object"]
+    props, required = schema.get("properties") or {}, schema.get("required") or []
+    out = [f"missing {k!r}" for k in required if k not in args]
+    out += [f"unknown argument {k!r}" for k in args if props and k not in props]
+    for k, v in args.items():
+        want = TYPES.get((props.get(k) or {}).get("type"))
+        if want and not (isinstance(v, want) and (want is bool or not isinstance(v, bool))):  # True is no int
+            out.append(f"{k!r} should be {(props[k])['type']}, got {type(v).__name__}")
+    return out
+
+
+def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[str, list[dict]]:
+    """{fact: occurrences} plus "termination", "tools_used" and "turns". `tools`: the schemas the
+    agent was given (unknown-tool and argument checks need them; without, those facts stay empty)."""
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
+    facts: dict = {name: [] for name in FACTS}
+    seen_calls, mentioned, used = set(), set(), []
+    for step, m in enumerate(traj.messages):
+        if m.get("role") == "tool":
+            content = str(m.get("content") or "")
+            if content.lstrip().lower().startswith("error"):
+                facts["tool_errors"].append({"step": step, "detail": content.strip()[:200]})
+            mentioned.update(re.findall(r"[A-Za-z0-9_\-]{3,}", content))
+            continue
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            name, raw = fn.get("name", ""), fn.get("arguments") or "{}"
+            args = tool_arguments(raw)
+            used.append(name)
+            if schemas and name not in schemas:
+                facts["unknown_tools"].append({"step": step, "detail": name})
+            elif schemas and (problems := _schema_problems(args, schemas[name])):
+                facts["invalid_arguments"].append({"step": step, "detail": f"{name}: {'; '.join(problems)}"})
+            key = (name, json.dumps(args, sort_keys=True) if args is not None else str(raw))
+            if key in seen_calls:
+                facts["repeated_calls"].append({"step": step, "detail": f"{name}({key[1][:120]})"})
+            seen_calls.add(key)
+            ids = [v for v in (args or {}).values() if isinstance(v, str) and len(v) >= 3]
+            known = not schemas or name in schemas  # a call to a tool that does not exist changed nothing
+            if known and is_write(name) and ids and not any(v in mentioned for v in ids):
+                facts["write_without_read"].append({"step": step, "detail": f"{name} on {', '.join(ids)[:120]}"})
+            mentioned.update(v for v in (args or {}).values() if isinstance(v, str))
+    return {**facts, "termination": traj.termination, "tools_used": sorted(set(used)),
+            "turns": sum(m.get("role") == "assistant" for m in traj.messages)}
+
+
+def render_facts(facts: dict) -> str:
+    """The facts as the analyst reads them, under the trajectory."""
+    lines = [f"facts: ended by {facts['termination']}, {facts['turns']} agent turns, tools used: "
+             f"{', '.join(facts['tools_used']) or 'none'}"]
+    for name in FACTS:
+        for occ in facts[name][:5]:
+            lines.append(f"  fact {name} at step {occ['step']}: {occ['detail']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- capability transfer metrics
+METRIC_WORDS = [  # (words in a capability's name or description, the fact that measures it)
+    (("precondition", "verif", "before", "check", "eligib"), "write_without_read"),
+    (("precision", "argument", "schema", "parameter", "format"), "invalid_arguments"),
+    (("unknown", "hallucinat", "nonexistent"), "unknown_tools"),
+    (("repeat", "loop", "redundant", "duplicate"), "repeated_calls"),
+]
+
+
+def metric_for(capability: dict) -> str:
+    """The fact whose rate measures a capability on the target (tool errors when no word matches)."""
+    text = (capability.get("name", "") + " " + capability.get("description", "")).lower()
+    return next((fact for words, fact in METRIC_WORDS if any(w in text for w in words)), "tool_errors")
+
+
+def transfer_metrics(trajs: list[Trajectory], capabilities: list[dict], tools: list[dict] | None) -> dict:
+    """{capability: {"metric", "episodes", "with_fact", "rate", "ci95"}}: the share of episodes in
+    which the failure the capability is about occurred (lower is better)."""
+    facts = [trajectory_facts(t, tools) for t in trajs]
+    out = {}
+    for cap in capabilities:
+        metric = metric_for(cap)
+        hits = sum(bool(f[metric]) for f in facts)
+        out[cap["name"]] = {"metric": metric, "episodes": len(facts), "with_fact": hits,
+                            "rate": hits / len(facts) if facts else 0.0, "ci95": wilson(hits, len(facts))}
+    return out

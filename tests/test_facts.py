@@ -1,0 +1,62 @@
+"""Code-established trajectory facts (the analyst's evidence) and the transfer metrics built on them."""
+import json
+
+from trace_rl.core.trajectory import Trajectory
+from trace_rl.evals.facts import metric_for, render_facts, trajectory_facts, transfer_metrics
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
+    "type": "object", "properties": {"reservation_id": {"type": "string"}, "count": {"type": "integer"}},
+    "required": ["reservation_id"]}}} for n in ("get_reservation_details", "cancel_reservation")]
+
+
+def call(name, **args):
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def tool(text):
+    return {"role": "tool", "tool_call_id": "c", "content": text}
+
+
+def traj(*messages, termination="agent_stop"):
+    return Trajectory(task_id="t", benchmark="b", trial=0, model="m", reward=0.0, passed=False,
+                      termination=termination, messages=[{"role": "system", "content": "s"},
+                                                         {"role": "user", "content": "cancel ABC123"}, *messages])
+
+
+def test_each_fact_is_found_at_its_step():
+    t = traj(call("cancel_reservation", reservation_id="ABC123"), tool("Error: reservation not found"),
+             call("get_reservation_details", reservation_id="ABC123"), tool('{"reservation_id": "ABC123"}'),
+             call("get_reservation_details", reservation_id="ABC123"), tool("{}"),
+             call("book_flight", origin="SFO"), tool("Error: Tool 'book_flight' not found."),
+             call("cancel_reservation", count="2"), tool("Error: missing reservation_id"))
+    f = trajectory_facts(t, TOOLS)
+    assert [o["step"] for o in f["write_without_read"]] == [2]  # the id was read only later
+    assert [o["step"] for o in f["tool_errors"]] == [3, 9, 11]
+    assert [o["step"] for o in f["repeated_calls"]] == [6]
+    assert f["unknown_tools"] == [{"step": 8, "detail": "book_flight"}]
+    assert f["invalid_arguments"][0]["step"] == 10 and "missing 'reservation_id'" in f["invalid_arguments"][0]["detail"]
+    assert "'count' should be integer" in f["invalid_arguments"][0]["detail"]
+    assert f["turns"] == 5 and f["tools_used"] == ["book_flight", "cancel_reservation", "get_reservation_details"]
+    assert "fact write_without_read at step 2" in render_facts(f)
+
+
+def test_a_careful_trajectory_has_no_failure_facts():
+    t = traj(call("get_reservation_details", reservation_id="ABC123"), tool('{"status": "booked"}'),
+             call("cancel_reservation", reservation_id="ABC123"), tool('{"status": "cancelled"}'),
+             {"role": "assistant", "content": "Done."})
+    f = trajectory_facts(t, TOOLS)
+    assert not any(f[k] for k in ("tool_errors", "unknown_tools", "invalid_arguments", "repeated_calls",
+                                  "write_without_read"))
+
+
+def test_transfer_metric_is_the_share_of_episodes_with_the_failure():
+    careless = traj(call("cancel_reservation", reservation_id="ABC123"), tool("{}"))
+    careful = traj(call("get_reservation_details", reservation_id="ABC123"), tool("ABC123"),
+                   call("cancel_reservation", reservation_id="ABC123"), tool("{}"))
+    cap = {"name": "precondition_verification", "description": "Checks before acting."}
+    m = transfer_metrics([careless, careful, careful, careful], [cap], TOOLS)["precondition_verification"]
+    assert m["metric"] == "write_without_read" and m["with_fact"] == 1 and m["rate"] == 0.25
+    assert m["ci95"][0] < 0.25 < m["ci95"][1]
+    assert metric_for({"name": "tool_call_precision", "description": ""}) == "invalid_arguments"
+    assert metric_for({"name": "polite_style", "description": "Is polite."}) == "tool_errors"
