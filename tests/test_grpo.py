@@ -90,13 +90,32 @@ def test_resume_from_a_checkpoint_gives_the_same_next_step(tmp_path):
     resumed_dir = tmp_path / "resumed"
     (resumed_dir / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "full" / "checkpoints" / "checkpoint-1", resumed_dir / "checkpoints" / "checkpoint-1")
+    # a kill while step 2 was being saved: its folder exists, its trainer_state.json does not
+    torn = resumed_dir / "checkpoints" / "checkpoint-2"
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "checkpoint-2", torn)
+    (torn / "trainer_state.json").unlink()
+    (torn / "adapter_model.safetensors").unlink()
     _, resumed, _ = _train(resumed_dir)
     assert [r["step"] for r in resumed.log] == [1, 2]  # step 1 comes back from the checkpoint's state
+    kept = list((resumed_dir / "checkpoints" / "incomplete").iterdir())  # set aside, not deleted
+    assert len(kept) == 1 and kept[0].name.startswith("checkpoint-2-") and (kept[0] / "adapter_config.json").is_file()
     keys = ["reward", "reward_std", "loss", "grad_norm", "kl_to_base"]
     assert {k: resumed.log[1][k] for k in keys} == {k: full.log[1][k] for k in keys}
     from safetensors.torch import load_file
 
     a, b = (load_file(str(d / "adapter" / "adapter_model.safetensors")) for d in (tmp_path / "full", resumed_dir))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_killed_after_its_last_checkpoint_trains_no_extra_step(tmp_path):
+    _, full, _ = _train(tmp_path / "full")
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "checkpoint-2", tmp_path / "resumed" / "checkpoints" / "checkpoint-2")
+    _, resumed, _ = _train(tmp_path / "resumed")
+    assert resumed.steps == 2 and [r["step"] for r in resumed.log] == [1, 2]
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(d / "adapter" / "adapter_model.safetensors")) for d in (tmp_path / "full", tmp_path / "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -18,7 +18,9 @@ Any `Benchmark` whose episodes take `hinted=` trains this way: a synthesized env
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -349,12 +351,18 @@ class CapabilityGRPO:
         return self.trainer
 
     def train(self) -> TrainResult:
-        from transformers.trainer_utils import get_last_checkpoint
-
         trainer = self.trainer or self.build()
-        ckpt_dir = self.out / "checkpoints"
-        last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-        trainer.train(resume_from_checkpoint=last)
+        last = last_complete_checkpoint(self.out / "checkpoints") if trainer.accelerator.is_main_process else None
+        trainer.accelerator.wait_for_everyone()
+        last = last or last_complete_checkpoint(self.out / "checkpoints", move_incomplete=False)
+        if last and json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] >= self.s.steps:
+            # killed after the last step's checkpoint: resuming there would train one step too many
+            from transformers.trainer_callback import TrainerState
+
+            trainer._load_from_checkpoint(last)
+            trainer.state = TrainerState.load_from_json(str(Path(last) / "trainer_state.json"))
+        else:
+            trainer.train(resume_from_checkpoint=last)
         log = [r for r in trainer.state.log_history if "reward" in r]
         adapter, curve = self.out / "adapter", self.out / "curve.png"
         trainer.accelerator.wait_for_everyone()
@@ -367,6 +375,27 @@ class CapabilityGRPO:
             plot_curve(log, curve, f"GRPO: {self.name}")
             atomic_write_json(self.out / "train_log.json", log)  # last: it marks the training finished
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
+
+
+def last_complete_checkpoint(ckpt_dir: Path, move_incomplete: bool = True) -> str | None:
+    """The newest checkpoint the trainer finished writing, or None. The trainer writes
+    trainer_state.json last, so a kill while it saved leaves a `checkpoint-N` without a readable
+    one: that folder is moved to `incomplete/` (kept, not deleted) so the step is saved again."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir()
+                   if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    for step, path in reversed(found):
+        try:
+            if json.loads((path / "trainer_state.json").read_text())["global_step"] == step:
+                return str(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        if move_incomplete:
+            dest = ckpt_dir / "incomplete" / f"{path.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            dest.parent.mkdir(exist_ok=True)
+            path.rename(dest)
+    return None
 
 
 def adapter_changed(adapter_dir: str | Path) -> bool:
