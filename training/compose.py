@@ -13,7 +13,6 @@ gates + manifest); `load()` brings it back for evaluation or serving.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 from trace_rl import prompts
@@ -60,14 +59,17 @@ class ClassifierRouter:
         total = torch.zeros(n + 1)
         device = next(self.moe.parameters()).device
         self.moe.force(0)  # scored on the base model alone
-        for shift in range(max(1, n)):
-            order = [(i + shift) % n for i in range(n)]
-            ids = torch.tensor([encode(self.tok, self.prompt(messages, order))], device=device)
-            with torch.no_grad():
-                logp = torch.log_softmax(self.moe(input_ids=ids).logits[0, -1][self.letter_ids].float(), -1).cpu()
-            total[0] += logp[0]
-            for pos, i in enumerate(order):
-                total[i + 1] += logp[pos + 1]
+        try:
+            for shift in range(max(1, n)):
+                order = [(i + shift) % n for i in range(n)]
+                ids = torch.tensor([encode(self.tok, self.prompt(messages, order))], device=device)
+                with torch.no_grad():
+                    logp = torch.log_softmax(self.moe(input_ids=ids).logits[0, -1][self.letter_ids].float(), -1).cpu()
+                total[0] += logp[0]
+                for pos, i in enumerate(order):
+                    total[i + 1] += logp[pos + 1]
+        finally:
+            self.moe.force(None)
         return (total / max(1, n)).tolist()
 
     def choose(self, messages: list[dict]) -> int:
@@ -80,12 +82,17 @@ class Composition:
     """One base model with n adapters; `policy(mode)` gives an agent policy for each mode."""
 
     def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict], name: str = "composed",
-                 max_new_tokens: int = 256):
+                 max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384):
+        from trace_rl.training.engine import Engine
+
         self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
         self.router = ClassifierRouter(moe, tokenizer, capabilities)
         self.max_new_tokens = max_new_tokens
         self.routes: dict[str, int] = {}  # conversation -> chosen slot (router mode), for the report
-        self._lock = threading.Lock()  # the modes share one model: one generate at a time
+        cuda = next(moe.parameters()).device.type == "cuda"
+        # one engine for every mode: a row's tag is its slot (0 base, k adapter k, -1 the learned gates)
+        self.engine = Engine(moe.model, tokenizer, rows=rows or (16 if cuda else 1), max_len=max_len,
+                             before_forward=moe.route_rows)
 
     @property
     def modes(self) -> list[str]:
@@ -94,19 +101,18 @@ class Composition:
     def policy(self, mode: str) -> HFPolicy:
         if mode not in self.modes:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes)}")
-        pol = HFPolicy(self.moe.model, self.tok, f"{self.name}:{mode}", max_new_tokens=self.max_new_tokens)
-        pol._lock = self._lock
         if mode == "router":
-            def route(messages, tools):
+            def tag(messages, tools):
                 key = task_text(messages)
                 if key not in self.routes:
-                    self.routes[key] = self.router.choose(messages)
-                self.moe.force(self.routes[key])
-            pol.before_generate = route
-        else:  # a fixed slot, its index in `modes` (0 = base, k = adapter k), or None: the learned gates
-            slot = None if mode == "moe" else self.modes.index(mode)
-            pol.before_generate = lambda messages, tools: self.moe.force(slot)
-        return pol
+                    with self.engine.lock:  # its forward must not interleave with the engine's
+                        self.routes[key] = self.router.choose(messages)
+                return self.routes[key]
+        else:  # a fixed slot, its index in `modes` (0 = base, k = adapter k), or -1: the learned gates
+            slot = -1 if mode == "moe" else self.modes.index(mode)
+            tag = lambda messages, tools: slot
+        return HFPolicy(self.moe.model, self.tok, f"{self.name}:{mode}", max_new_tokens=self.max_new_tokens,
+                        engine=self.engine, tag=tag)
 
 
 def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]], max_len: int = 4096) -> list[dict]:

@@ -3,8 +3,9 @@
 trl's GRPOTrainer does the optimisation (clipped objective, DAPO ε-high, no KL term by
 default, checkpoints, TensorBoard); our `rollout_func` plays whole multi-turn tool episodes:
 
-- the episodes of a step run in lockstep, one batched generate per turn that keeps every
-  episode's KV cache between turns (transformers), or trl's vLLM generation (`use_vllm`);
+- the episodes of a step run in lockstep, one batched turn at a time in the static-cache engine
+  (training/engine.py: caches kept between turns, the group's prompt computed once, the decode
+  step one CUDA graph on a GPU), or trl's vLLM generation (`use_vllm`);
 - the model's own tokens are kept exactly as sampled; tool results and the next turn's
   header are rendered by the chat template and masked from the loss (`env_mask`);
 - a `hint_fraction` of each group sees the environment's hint appended to its system
@@ -32,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.llm import Reply, parse_tool_calls
 from trace_rl.core.trajectory import Trajectory, TrajectoryStore
-from trace_rl.training.hf_policy import CachedBatch, encode, env_turn_ids, render, stop_ids
+from trace_rl.training.engine import Engine, Request, stop_ids
+from trace_rl.training.hf_policy import encode, env_turn_ids, render
 
 
 class GRPOSettings(BaseModel):
@@ -243,14 +245,20 @@ class CapabilityGRPO:
         self.rank, self.world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         # each data-parallel process plays its own groups and keeps its own episode store
         self.store = TrajectoryStore(self.out / "rollouts" / (f"rank{self.rank}" if self.world > 1 else ""))
-        self.trainer = None
+        self.trainer = self.engine = None
 
     # -- generation backends
     def _generator(self, trainer) -> Generate:
         if trainer.use_vllm:  # trl syncs the LoRA-updated weights into vLLM before each rollout_func call
             return lambda seqs, n: trainer.vllm_generation.generate(seqs, None, 1)[1]
-        # keeps each episode's KV cache between turns: the long prompts are read once per batch
-        return CachedBatch(trainer.accelerator.unwrap_model(trainer.model), self.tok, self.s.temperature)
+        # the step's episodes decode together; each keeps its cache between turns, the group's
+        # shared prompt is computed once; the weights changed since the last step: nothing is reused
+        if self.engine is None:
+            rows = self.s.group_size * self.s.groups_per_step // self.world
+            self.engine = Engine(trainer.accelerator.unwrap_model(trainer.model), self.tok, rows=rows,
+                                 max_len=self.s.max_seq_len + self.s.max_turn_tokens)
+        self.engine.reset()
+        return lambda seqs, n: self.engine.generate([Request(s, n, self.s.temperature) for s in seqs])
 
     def rollout_func(self, prompts: list, trainer) -> dict:
         """trl calls this with each group's prompt repeated G times; a prompt is the task id."""

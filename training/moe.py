@@ -69,7 +69,8 @@ class Routing:
     route: torch.Tensor | None = None  # [batch, seq] long, 0 = base
     gate: torch.Tensor | None = None  # [batch, seq] g of the chosen slot
     probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
-    force: int | None = None  # force every token to one slot (tests, single-adapter eval)
+    force: int | None = None  # force every token to one slot (tests, the router's scoring)
+    rows: torch.Tensor | None = None  # [batch] slot per row, -1 = the gates decide (set by the engine)
     mask: torch.Tensor | None = None  # [batch, seq, n * r]: g on the chosen expert's rank slots
 
 
@@ -107,14 +108,19 @@ class LayerGate(nn.Module):
         hidden = args[0] if args else kwargs["hidden_states"]
         logits = self.proj(hidden.to(self.proj.weight.dtype))
         probs = logits.softmax(-1)
+        route = probs.argmax(-1)
+        gate = probs.gather(-1, route.unsqueeze(-1)).squeeze(-1).to(hidden.dtype)  # multiplicative gating
         if self.routing.force is not None:
-            route = torch.full(hidden.shape[:-1], self.routing.force, dtype=torch.long, device=hidden.device)
-            gate = torch.ones(hidden.shape[:-1], dtype=hidden.dtype, device=hidden.device)
-        else:
-            route = probs.argmax(-1)
-            gate = probs.gather(-1, route.unsqueeze(-1)).squeeze(-1).to(hidden.dtype)  # multiplicative gating
+            route = torch.full_like(route, self.routing.force)
+            gate = torch.ones_like(gate)
+        elif self.routing.rows is not None:  # per row: a fixed slot, or (-1) the gate's choice
+            want = self.routing.rows.view(-1, *[1] * (route.dim() - 1)).expand_as(route)
+            route = torch.where(want >= 0, want, route)
+            gate = torch.where(want >= 0, torch.ones_like(gate), gate)
         self.routing.route, self.routing.gate, self.routing.probs = route, gate, probs
-        sel = F.one_hot(route, logits.shape[-1])[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
+        # one-hot by comparison (no host sync: the step may be replayed as a CUDA graph)
+        slots = torch.arange(logits.shape[-1], device=route.device)
+        sel = (route.unsqueeze(-1) == slots)[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
         if torch.is_grad_enabled() and self.routing.force is None:
             # Straight-through: the forward value stays hard top-1 (exactly what inference runs),
             # the gradient is the dense mixture's, Σ_k p_k B_k A_k x. With hard top-1 alone, tokens
@@ -173,6 +179,12 @@ class LoRAMoE(nn.Module):
         """Route every token to `slot` (0 = base, k = adapter k), or None for learned routing."""
         for r in self.routings:
             r.force = slot
+
+    def route_rows(self, slots: torch.Tensor | None) -> None:
+        """Per batch row: slot k (0 = base), or -1 for the learned gates; None: per-row routing off.
+        The engine sets it around each forward of a batch that mixes modes (router, moe, ...)."""
+        for r in self.routings:
+            r.rows = slots
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)

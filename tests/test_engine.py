@@ -1,0 +1,165 @@
+"""The batched static-cache engine: what it samples is what the model says, however rows are
+padded, shared, continued or compacted; compiled and eager steps agree (MoE routing included)."""
+import pytest
+import torch
+
+from tiny import tiny_model, tiny_tokenizer
+from trace_rl.training.engine import Batcher, Engine, Request
+from trace_rl.training.hf_policy import encode, render
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    """Large random weights: logits spiky enough that a wrong position or mask changes the argmax."""
+    m = tiny_model(tok, seed=3, layers=2, hidden=64)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5, generator=g)
+    return m
+
+
+def chat_ids(tok, messages: list[dict]) -> list[int]:
+    return encode(tok, render(tok, messages, add_generation_prompt=True))
+
+
+def prompt(tok, text: str) -> list[int]:
+    return chat_ids(tok, [{"role": "user", "content": text}])
+
+
+def assert_greedy(model, ids: list[int], out: list[int]) -> None:
+    """Each sampled token is the full (uncached, unpadded) forward's argmax at its position."""
+    seq = torch.tensor([ids + out])
+    with torch.no_grad():
+        logits = model(input_ids=seq).logits[0, len(ids) - 1:-1]
+    for k, t in enumerate(out):
+        assert logits[k, t] >= logits[k].max() - 1e-4, f"token {k}: {t} is not the argmax {int(logits[k].argmax())}"
+
+
+def test_greedy_batch_of_different_lengths_matches_full_forwards(model, tok):
+    eng = Engine(model, tok, rows=4, max_len=512)
+    reqs = [Request(prompt(tok, t), 12) for t in ["Paris", "the answer is a b c d e", "Oslo Lima 0 1 2 3 4 5 6", "x"]]
+    outs = eng.generate(reqs)
+    assert all(1 <= len(o) <= 12 for o in outs)
+    for r, o in zip(reqs, outs):
+        assert_greedy(model, r.ids, o)
+
+
+def test_a_continued_row_feeds_only_the_new_tokens(model, tok):
+    eng = Engine(model, tok, rows=2, max_len=512)
+    first = prompt(tok, "Paris Lima")
+    out = eng.generate([Request(first, 6)])[0]
+    fed = eng.stats["prefill_tokens"]
+    follow = first + out + encode(tok, "<|im_end|>\n<|im_start|>user\nOslo<|im_end|>\n<|im_start|>assistant\n")
+    out2 = eng.generate([Request(follow, 6)])[0]
+    assert eng.stats["prefill_tokens"] - fed == len(follow) - len(first) - len(out) + 1  # +1: the last sampled token
+    assert_greedy(model, follow, out2)
+
+
+def test_a_shared_prefix_is_computed_once(model, tok):
+    eng = Engine(model, tok, rows=4, max_len=1024)
+    system = "You are a helpful assistant. Use the tools to answer the user. " * 3
+    reqs = [Request(chat_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": u}]), 8)
+            for u in ["Paris", "Lima 7", "Oslo"]]
+    outs = eng.generate(reqs)
+    shared = min(len(r.ids) for r in reqs) - 10
+    assert eng.stats["reused_tokens"] >= 2 * shared  # the 2nd and 3rd request copied the 1st one's prefix
+    assert eng.stats["prefill_tokens"] <= sum(len(r.ids) for r in reqs) - 2 * shared
+    for r, o in zip(reqs, outs):
+        assert_greedy(model, r.ids, o)
+
+
+def test_full_columns_are_compacted_and_rows_stay_exact(model, tok):
+    eng = Engine(model, tok, rows=3, max_len=160)
+    convs = [prompt(tok, t) for t in ["a b", "c d e 0 1", "Paris"]]
+    for turn in range(6):
+        outs = eng.generate([Request(c, 8) for c in convs])
+        for c, o in zip(convs, outs):
+            assert_greedy(model, c, o)
+        convs = [c + o + encode(tok, f"<|im_end|>\n<|im_start|>user\n{turn}<|im_end|>\n<|im_start|>assistant\n")
+                 for c, o in zip(convs, outs)]
+        convs = [c[-100:] if len(c) > 100 else c for c in convs]  # keep within max_len (a new row when cut)
+    assert eng.stats["compactions"] >= 1
+
+
+def test_rows_sample_at_their_own_temperature(model, tok):
+    eng = Engine(model, tok, rows=4, max_len=256)
+    ids = prompt(tok, "Lima")
+    greedy_alone = Engine(model, tok, rows=1, max_len=256).generate([Request(ids, 10)])[0]
+    torch.manual_seed(0)
+    outs = eng.generate([Request(ids, 10, temperature=0.0), Request(ids, 10, temperature=5.0),
+                         Request(ids, 10, temperature=5.0)])
+    assert outs[0] == greedy_alone
+    assert outs[1] != outs[2] or outs[1] != greedy_alone  # hot rows wander
+
+
+def test_the_batcher_gathers_threads_into_one_batch(model, tok):
+    import threading
+
+    eng = Engine(model, tok, rows=4, max_len=256)
+    batcher = Batcher(eng, window=0.5)
+    reqs = [Request(prompt(tok, t), 5) for t in ["a", "b c", "Paris", "0 1 2"]]
+    outs = [None] * 4
+    calls = []
+    real = eng.generate
+    eng.generate = lambda rs: calls.append(len(rs)) or real(rs)
+    threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, batcher.submit(reqs[i]))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert calls == [4]
+    for r, o in zip(reqs, outs):
+        assert_greedy(model, r.ids, o)
+
+
+def test_a_longer_request_grows_the_cache_and_one_beyond_the_model_is_refused(model, tok):
+    eng = Engine(model, tok, rows=1, max_len=64)
+    ids = prompt(tok, "Paris Lima Oslo " * 8)
+    assert len(ids) + 10 > 64
+    out = eng.generate([Request(ids, 10)])[0]
+    assert eng.max_len >= len(ids) + 10
+    assert_greedy(model, ids, out)
+    with pytest.raises(ValueError, match="the model takes 4096"):
+        eng.generate([Request([5] * 4090, 10)])
+
+
+def _moe(model, tok):
+    import copy
+
+    from trace_rl.training.moe import Adapter, LoRAMoE
+
+    base = copy.deepcopy(model)
+    names = [n for n, m in base.named_modules() if n.endswith(("q_proj", "v_proj"))]
+    g = torch.Generator().manual_seed(1)
+    adapters = []
+    for k in range(2):
+        w = {}
+        for n in names:
+            lin = dict(base.named_modules())[n]
+            w[n] = (torch.randn(4, lin.in_features, generator=g) * 0.3, torch.randn(lin.out_features, 4, generator=g) * 0.3)
+        adapters.append(Adapter(f"a{k}", w, 1.0))
+    moe = LoRAMoE(base, adapters)
+    with torch.no_grad():  # gates that really route: adapter slots win on some tokens
+        for gate in moe.gates:
+            gate.proj.weight.normal_(0, 2.0, generator=g)
+            gate.proj.bias.zero_()
+    return moe
+
+
+def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok):
+    moe = _moe(model, tok)
+    reqs = [Request(prompt(tok, t), 8) for t in ["Paris", "a b c d", "0 1 2 3 4 5"]]
+    eager = Engine(moe, tok, rows=3, max_len=256, compile="eager").generate(reqs)
+    for r, o in zip(reqs, eager):
+        assert_greedy(moe, r.ids, o)
+    fractions = moe.routing_fractions()
+    assert fractions[0] < 0.99  # the adapters were really used
+    compiled = Engine(moe, tok, rows=3, max_len=256, compile="inductor").generate(reqs)
+    assert compiled == eager
