@@ -145,15 +145,64 @@ def spec_format() -> str:
     return doc[doc.index("Spec keys"):]
 
 
+READ_VERBS = ("get", "find", "check", "search", "list", "calculate", "lookup", "show")
+
+
+def suggest_behaviour(fn: dict) -> tuple[dict, str | None, str | None]:
+    """(behaviour, entity, key field) code guesses for a target tool from its name and schema,
+    so a small builder copies a working line instead of inventing one: `get_order_details(order_id)`
+    reads entity `order` by `order_id`; `cancel_reservation(reservation_id)` updates `reservation`;
+    `find_user_id_by_email(email)` reads `user` by its `email` field; no arguments: a constant."""
+    name = fn["name"]
+    params = fn.get("parameters") or {}
+    args = list(params.get("required") or params.get("properties") or [])
+    words = name.split("_")
+    ids = [a for a in args if a == "id" or a.endswith("_id")]
+    if not args or words[0] == "calculate" or (not ids and words[0] not in READ_VERBS):
+        return {"kind": "const", "result": "..."}, None, None
+    named = [a for a in ids if a.removesuffix("_id") in words[1:]]
+    if ids:
+        arg = (named or ids)[0]
+        entity = arg.removesuffix("_id") if arg != "id" else "record"
+        field = None
+    else:  # looked up by another field: search_direct_flight -> flight, find_user_id_by_email -> user
+        arg, field = args[0], args[0]
+        entity = words[-1].removesuffix("s") if words[0] in ("list", "search") else words[1] if len(words) > 1 \
+            else "record"
+    if words[0] in ("list", "search"):
+        behaviour = {"kind": "list", "entity": entity, "where": {a: f"{{args.{a}}}" for a in args}}
+    elif words[0] in READ_VERBS:
+        behaviour = {"kind": "read", "entity": entity, "arg": arg, **({"field": field} if field else {})}
+    else:
+        behaviour = {"kind": "update", "entity": entity, "arg": arg, "set": {"status": "..."}}
+    return behaviour, entity, field or arg
+
+
+def tool_suggestions(tools: list[dict]) -> tuple[str, str]:
+    """The request's tool list (one line per tool, with the behaviour code suggests) and entity
+    skeletons for the entities those behaviours use (the key field an id of the entity)."""
+    lines, entities = [], {}
+    for t in tools:
+        fn = t["function"]
+        behaviour, entity, key = suggest_behaviour(fn)
+        args = ", ".join((fn.get("parameters") or {}).get("properties") or {})
+        desc = (fn.get("description") or "").strip().split(chr(10))[0][:90]
+        lines.append(f"- {fn['name']}({args}): {desc}\n    suggested: {json.dumps(behaviour)}")
+        if entity and key and entity not in entities:
+            prefix = entity[:1].upper()
+            entities[entity] = {"count": [3, 6], "fields": {key: {"type": "id", "pattern": prefix + "{n:04d}"}}}
+    return "\n".join(lines), json.dumps(entities)
+
+
 def spec_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,
                   previous: str | None) -> list[dict]:
-    def line(fn: dict) -> str:
-        args = ", ".join((fn.get("parameters") or {}).get("properties") or {})
-        return f"- {fn['name']}({args}): {(fn.get('description') or '').strip().split(chr(10))[0][:100]}"
-    tools = "\n".join(line(t["function"]) for t in target.tools)
+    tools, skeletons = tool_suggestions(target.tools)
     user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
             f"# Failed trajectories that show the gap\n" + "\n\n".join(examples)[:3000] +
-            f"\n\n# Target benchmark: {target.name}\n## Its tools (name(arguments): description)\n{tools}"
+            f"\n\n# Target benchmark: {target.name}\n## Its tools (name(arguments): description), each with the "
+            f"behaviour code suggests (use the tool name alone as the key in `tools`; change what you need)\n{tools}"
+            f"\n\n## Entity skeletons for those behaviours (declare every entity a tool names; add the fields your "
+            f"task, reference and reward use)\n{skeletons}"
             f"\n\n## Its policy (excerpt; code puts the whole policy in the env's system prompt)\n{target.policy[:1500]}")
     if previous is not None:  # findings last, nearest the answer: small models otherwise echo the old spec
         user += (f"\n\n# Your previous spec\n{previous}\n# What the checks found in it (fix every one)\n{feedback}"

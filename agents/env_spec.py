@@ -208,17 +208,19 @@ class Component(_Strict):
 
 
 class EnvSpec(_Strict):
-    """A training environment as data (format: sandbox/image/spec_env.py)."""
+    """A training environment as data (format: sandbox/image/spec_env.py). The fields are in the
+    order a small model should decide them (data, then the tools over it, then the task's text,
+    the answer and the reward); `entities` and `task` are required so a grammar cannot skip them."""
     name: str = ""
-    system_prompt: str
-    hint: str = ""
-    max_steps: int = Field(10, ge=1, le=50)
+    entities: dict[str, Entity] = Field(min_length=1, description="the records the tools read and change")
+    task: dict[str, TaskVar] = Field(min_length=1, description="what one task picks and derives, in order")
     tools: dict[str, Tool] = Field(description="target tool name -> behaviour")
-    entities: dict[str, Entity] = Field(default_factory=dict)
-    task: dict[str, TaskVar] = Field(default_factory=dict)
+    system_prompt: str
     user_message: str
+    hint: str = ""
     reference: list[Union[CallStep, ReplyStep]] = Field(min_length=1, max_length=30)
     reward: list[Component] = Field(min_length=1, max_length=20)
+    max_steps: int = Field(10, ge=1, le=50)
 
     def to_spec(self) -> dict:
         """The plain dict spec_env runs (defaults left out, `else` spelt as such)."""

@@ -126,3 +126,23 @@ def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_ima
     module = (tmp_path / "attempt_02" / "env.py").read_text()
     assert "class Env(SpecEnv)" in module and repr(target.policy)[:80] in module  # the policy, copied by code
     assert builder_mode("auto", builder) == "spec" and builder_mode("code", builder) == "code"
+
+
+def test_code_suggests_a_behaviour_for_each_target_tool():
+    from trace_rl.agents.env_builder import suggest_behaviour, tool_suggestions
+
+    fn = lambda name, *args: {"name": name, "parameters": {"properties": {a: {"type": "string"} for a in args},
+                                                           "required": list(args)}}
+    assert suggest_behaviour(fn("get_order_details", "order_id"))[0] == {"kind": "read", "entity": "order",
+                                                                         "arg": "order_id"}
+    assert suggest_behaviour(fn("suspend_line", "customer_id", "line_id", "reason"))[0]["entity"] == "line"
+    assert suggest_behaviour(fn("find_user_id_by_email", "email"))[0] == {"kind": "read", "entity": "user",
+                                                                          "arg": "email", "field": "email"}
+    assert suggest_behaviour(fn("search_direct_flight", "origin", "date"))[0]["where"] == {
+        "origin": "{args.origin}", "date": "{args.date}"}
+    assert suggest_behaviour(fn("transfer_to_human_agents", "summary"))[0]["kind"] == "const"
+    assert suggest_behaviour(fn("toggle_airplane_mode"))[0]["kind"] == "const"
+    lines, skeletons = tool_suggestions([{"function": fn("get_order_details", "order_id")},
+                                         {"function": fn("cancel_pending_order", "order_id", "reason")}])
+    assert "suggested:" in lines and json.loads(skeletons) == {
+        "order": {"count": [3, 6], "fields": {"order_id": {"type": "id", "pattern": "O{n:04d}"}}}}

@@ -271,6 +271,14 @@ def test_templates_keep_types_format_text_and_escape_braces():
         spec_env.render("{task.r.zz}", ctx)
 
 
+def test_double_braced_paths_are_slots_as_small_models_write_them():
+    ctx = {"task": {"n": 7, "r": {"id": "R1", "status": "open"}}}
+    assert spec_env.render("{{ task.n }}", ctx) == 7
+    assert spec_env.render("reservation {{task.r.id}} and {{literal}}", ctx) == "reservation R1 and {literal}"
+    assert holds({"op": "state_equals", "path": "{{ task.r.status }}", "value": "open"}, episode(), ctx["task"])
+    assert holds({"op": "state_equals", "path": "{task.r.status}", "value": "open"}, episode(), ctx["task"])
+
+
 def test_called_matches_a_successful_call_with_an_argument_subset():
     ep = episode([("get", {"id": "R1", "verbose": True}, {"ok": 1}), ("get", {"id": "R2"}, None)])
     assert holds({"op": "called", "tool": "get", "args": {"id": "R1"}}, ep)

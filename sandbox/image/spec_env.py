@@ -31,7 +31,8 @@ Spec keys (hint, max_steps, entities, task are optional):
                 success (reward >= 0.99) means every component holds.
 
 Expressions: JSON literals; strings are templates: "{task.res.reservation_id}" alone is that value
-(any type), inside text it is formatted in; "{{" and "}}" are literal braces. Paths start at
+(any type), inside text it is formatted in; "{{task.x}}" is the same slot; other "{{" and "}}" are
+literal braces. Paths start at
 `task`, in tools also at `args` (the call's arguments) and `record` (the record looked up).
 
 Predicates, {"op": ...}:
@@ -83,7 +84,9 @@ PREDICATES = {"called": ({"tool": str}, {"args": dict, "only": bool}), "not_call
 CALL_KEYS = ({"tool": str}, {"args": dict})
 TRIVIAL_REPLIES = {"do_nothing": "Hello! How can I help you?",  # the verifier's trivial policies
                    "refuse": "I'm sorry, I cannot help with that request and I am unable to do it."}
-_SLOT = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+# a slot: {path}, or {{ path }} for a path from task/args/record (small models write it so); else
+# "{{" and "}}" are literal braces
+_SLOT = re.compile(r"\{\{\s*((?:task|args|record)(?:\.\w+)*)\s*\}\}|\{\{|\}\}|\{([^{}]*)\}")
 _PATH = re.compile(r"[A-Za-z_]\w*(\.\w+)*")
 _ID = re.compile(r"\{n(?::0(\d)d)?\}")
 
@@ -110,6 +113,17 @@ def resolve(path, ctx):
     return value
 
 
+def _bare(path):
+    """A path field written as a slot ("{task.x}", "{{ task.x }}") is that path."""
+    return path.strip().lstrip("{").rstrip("}").strip()
+
+
+def _slot_path(m):
+    """The path a template slot names, or None for a literal brace."""
+    path = m.group(1) if m.group(1) is not None else m.group(2)
+    return None if path is None else path.strip()
+
+
 def render(expr, ctx):
     """An expression's value: strings are templates, lists and objects are rendered item by item."""
     if isinstance(expr, list):
@@ -119,13 +133,13 @@ def render(expr, ctx):
     if not isinstance(expr, str):
         return expr
     whole = _SLOT.fullmatch(expr)
-    if whole and whole.group(1) is not None:
-        return copy.deepcopy(resolve(whole.group(1).strip(), ctx))
+    if whole and _slot_path(whole) is not None:
+        return copy.deepcopy(resolve(_slot_path(whole), ctx))
 
     def slot(m):
-        if m.group(1) is None:
+        if _slot_path(m) is None:
             return m.group(0)[0]
-        v = resolve(m.group(1).strip(), ctx)
+        v = resolve(_slot_path(m), ctx)
         return v if isinstance(v, str) else json.dumps(v)
     return _SLOT.sub(slot, expr)[:MAX_TEXT]
 
@@ -159,7 +173,7 @@ def holds(p, env, ctx):
         text = text if isinstance(text, str) else json.dumps(text)
         return bool(text) and text.lower() in env.final_reply.lower()
     if op == "state_equals":
-        return resolve(p["path"], ctx) == render(p["value"], ctx)
+        return resolve(_bare(p["path"]), ctx) == render(p["value"], ctx)
     if op == "compare":
         try:
             return bool(CMPS[p["cmp"]](render(p["left"], ctx), render(p["right"], ctx)))
@@ -510,8 +524,8 @@ class _Checker:
                 stack += list(x.values() if isinstance(x, dict) else x)
             elif isinstance(x, str):
                 for m in _SLOT.finditer(x):
-                    if m.group(1) is not None:
-                        self.path(where, m.group(1).strip(), roots, tool)
+                    if _slot_path(m) is not None:
+                        self.path(where, _slot_path(m), roots, tool)
 
     def path(self, where, path, roots, tool):
         segs = path.split(".")
@@ -558,7 +572,7 @@ class _Checker:
                 if self.keys(f"{where}.{key}", p[key], CALL_KEYS):
                     self.call_pattern(f"{where}.{key}", p[key], roots, tool)
         elif op == "state_equals":
-            self.path(f"{where}.path", p["path"], roots, tool)
+            self.path(f"{where}.path", _bare(p["path"]), roots, tool)
             self.expr(f"{where}.value", p["value"], roots, tool)
         elif op == "compare" and p["cmp"] not in CMPS:
             self.bad("schema", f"{where}.cmp", f"must be one of {' '.join(CMPS)}")
