@@ -158,6 +158,7 @@ class Tau2Episode(Episode):
                 domain_policy=policy, ticket=task.ticket)
         else:
             self.system_prompt = SYSTEM_PROMPT.format(domain_policy=policy, agent_instruction=AGENT_INSTRUCTION)
+        self.plain_system_prompt = self.system_prompt  # no hints on the target (GRPO's hinted slots are plain)
         self.trajectory, self.errors, self.user, self.user_state = [], 0, None, None
 
     def _init_state(self) -> None:
@@ -391,8 +392,9 @@ class Tau2Benchmark(Benchmark):
                     return t
         raise BenchmarkError(f"{self.name}: unknown task id {task_id!r}")
 
-    def episode(self, task_id: str, with_user: bool = True) -> Tau2Episode:
-        """`with_user=False` skips resolving the user simulator (for `replay`)."""
+    def episode(self, task_id: str, with_user: bool = True, hinted: bool = False) -> Tau2Episode:
+        """`with_user=False` skips resolving the user simulator (for `replay`). τ² tasks carry no
+        hint, so a `hinted` episode (GRPO on the target) is the plain one."""
         from trace_rl.evals.user_sim import litellm_user, user_llm
 
         task = self._tau2_task(task_id)

@@ -110,7 +110,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              user_model: str = typer.Option(None, help="user-simulator model (airline/retail); default: --model"),
              user_base_url: str = typer.Option(None, help="endpoint of the user-simulator model"),
              bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
-             passed_threshold: float = typer.Option(None, min=0, max=1, help="pass when reward >= this")):
+             passed_threshold: float = typer.Option(None, min=0, max=1, help="pass when reward >= this"),
+             serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)")):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.core.trajectory import TrajectoryStore
@@ -118,16 +119,22 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     from trace_rl.evals.report import write_report
     from trace_rl.evals.rollout import rollout
 
+    from trace_rl.graph.pipeline import served
+
+    if serve not in ("llama.cpp", "hf"):
+        _fail(f"--serve {serve!r}: use llama.cpp or hf")
     offer = {"max_steps": max_steps}
-    if user_model or user_base_url:
-        offer["user_llm"] = LLMConfig(model=user_model or model, base_url=user_base_url)
+    if user_model or user_base_url or serve == "hf":
+        offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0),
+                                   serve, 2 * concurrency)
     bench = load_benchmark(benchmark, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
     for tid in task_id or []:
         bench.task(tid, split)  # fail fast, naming the bad id
     ids = (task_id or [t.id for t in bench.tasks(split)])[:tasks or None]
     safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
     out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
-    policy = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens, temperature=temperature))
+    policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens, temperature=temperature),
+                        serve, 2 * concurrency))
     t0 = time.perf_counter()
     trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
                     passed_threshold=passed_threshold)
@@ -269,9 +276,45 @@ def _saved(run_dir: str):
 def resume(run_dir: str = typer.Argument(..., help="a run directory made by `trace-rl run`"),
            wait: bool = typer.Option(True, help="wait at approval points"),
            web: bool = typer.Option(True, help="serve the approval page while waiting"),
-           port: int = typer.Option(8765, help="approval page port")):
-    """Continue a run from its last completed step (after a crash, a kill, or an approval)."""
-    _drive(run_dir, _saved(run_dir), True, wait, web, port)
+           port: int = typer.Option(8765, help="approval page port"),
+           set_: list[str] = typer.Option(None, "--set", help="change how this machine runs it (no result "
+                                                              "changes): serve=hf, base_url, *.concurrency, ...")):
+    """Continue a run from its last completed step (after a crash, a kill, an approval, or on another
+    machine: `--set serve=hf` on a GPU machine, `--set serve=llama.cpp` back on a CPU one)."""
+    from trace_rl.graph.config import deep_merge, load_config, stage_fingerprints
+
+    cfg = _saved(run_dir)
+    if set_:
+        new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
+        if stage_fingerprints(new) != stage_fingerprints(cfg):
+            _fail("resume --set may change only how the run is served (serve, base_url, concurrency, timeouts); "
+                  "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
+        from trace_rl.graph.rundir import save_config
+
+        save_config(Path(run_dir), new)
+        cfg = new
+    _drive(run_dir, cfg, True, wait, web, port)
+
+
+
+@app.command()
+def pack(run_dir: str = typer.Argument(..., help="a run directory"),
+         out: str = typer.Option(..., help="folder for the parts and their manifest"),
+         part_mb: int = typer.Option(15, min=1, help="largest part, MiB")):
+    """A run directory as checked parts, to carry it to another machine (`trace-rl unpack` there)."""
+    from trace_rl.graph.rundir import pack as pack_run
+
+    parts = pack_run(Path(run_dir), Path(out), part_mb)
+    console.print(f"{run_dir} -> {len(parts)} part(s) in {out} ({sum(p.stat().st_size for p in parts) / 1e6:.1f} MB)")
+
+
+@app.command()
+def unpack(parts: str = typer.Argument(..., help="folder with the parts and manifest of `trace-rl pack`"),
+           into: str = typer.Option("runs", help="parent folder of the unpacked run")):
+    """Reassemble and check a packed run directory; continue it with `trace-rl resume`."""
+    from trace_rl.graph.rundir import unpack as unpack_run
+
+    console.print(f"unpacked {unpack_run(Path(parts), Path(into))}")
 
 
 @app.command()
@@ -317,7 +360,13 @@ def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for
 
 
 @app.command()
-def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/envs/*.py), run in the sandbox"),
+def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox/envs/*.py), run in the sandbox"),
+          target: str = typer.Option(None, help="instead of ENV: GRPO on this benchmark's own episodes (the "
+                                                "baseline TRACE is judged against), e.g. tau2:airline"),
+          split: str = typer.Option("train", help="with --target: the tasks to train on"),
+          user_model: str = typer.Option(None, help="with --target: user-simulator model (airline/retail)"),
+          user_base_url: str = typer.Option(None, help="with --target: endpoint of the user-simulator model"),
+          bench_opt: list[str] = typer.Option(None, help="with --target: a benchmark option KEY=VALUE (repeatable)"),
           model: str = typer.Option("smollm2-135m", help="embedded model name or transformers checkpoint"),
           preset: str = typer.Option("cpu", help="GRPO preset: paper, cpu, tiny"),
           set_: list[str] = typer.Option(None, "--set", help="override a GRPO setting, e.g. --set steps=40"),
@@ -327,16 +376,34 @@ def train(env: str = typer.Argument(..., help="environment module (e.g. sandbox/
           name: str = typer.Option(None, help="capability name (default: the module's file name); with --out RUN_DIR "
                                               "the run's train step finds the adapter")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
-    Multi-GPU: `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
+    With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
+    `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
     from trace_rl.core.records import TrainedOn
     from trace_rl.graph.config import section_settings
     from trace_rl.training.grpo import PRESETS, GRPOSettings
     from trace_rl.training.hf_policy import load_model
-    from trace_rl.training.train import train_capability
+    from trace_rl.training.train import train_capability, train_on_target
 
     if preset not in PRESETS:
         _fail(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if bool(env) == bool(target):
+        _fail("give an environment module (ENV) or --target BENCHMARK, not both or neither")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
+    if target:
+        from trace_rl.core.llm import LLMConfig
+        from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
+
+        offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
+        try:
+            bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
+            ids = [t.id for t in bench.tasks(split)]
+        except BenchmarkError as err:
+            _fail(str(err))
+        rec = train_on_target(bench, ids, Path(out) / "train_target", lambda: load_model(model), settings,
+                              log=console.print)
+        console.print(f"[bold]grpo_target[/]: {rec.steps} GRPO steps on {len(ids)} {split} tasks; adapter "
+                      f"{rec.adapter}; curve {rec.curve}")
+        return
     code_path = Path(env)
     if not code_path.is_file():
         _fail(f"no environment module at {env}")

@@ -59,6 +59,10 @@ class RunConfig(Strict):
                                             "{moe: 2} where in-process decoding is slow; the table states each row's count")
     base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
     base_url: str | None = None
+    serve: Literal["llama.cpp", "hf"] = Field("llama.cpp", description="how models without a base_url are served: "
+                                              "llama.cpp (a CPU) or hf (transformers + the batching engine, an "
+                                              "OpenAI-compatible server per model: a GPU machine)")
+    serve_rows: int = Field(64, ge=1, le=4096, description="serve=hf: conversations each server decodes together")
     train_model: str | None = Field(None, description="transformers checkpoint of the base (default: made from base_model)")
     user_model: LLMConfig | None = Field(None, description="user simulator (airline/retail); default: base_model "
                                                             "at base_url, temperature 0")
@@ -81,6 +85,8 @@ class RunConfig(Strict):
                                                    "best-ranked candidates that did not (marked below_threshold); "
                                                    "0 = the method's rule only")
     grpo: GRPOSettings = GRPOSettings()
+    target_baseline: bool = Field(False, description="also GRPO one adapter on the target's own rollout-split "
+                                  "tasks with the capabilities' rollout budget: a grpo_target row in the final table")
     train_seeds: int = Field(1000, ge=1, description="environment seeds used for training")
     heldout_seeds: int = Field(20, ge=1, description="environment seeds (disjoint) for before/after success")
     compose: ComposeSettings = ComposeSettings()
@@ -113,7 +119,7 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "analyse": ("analyst", "analysis"),
     "synthesise": ("builder", "reviewer", "builder_mode", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
                    "train_unkept"),
-    "train": ("train_model", "grpo", "train_seeds", "heldout_seeds"),
+    "train": ("train_model", "grpo", "train_seeds", "heldout_seeds", "target_baseline"),
     "compose": ("compose",),
     "evaluate": ("eval_split", "eval_tasks", "eval_trials", "eval_modes", "eval_mode_tasks"),
 }
@@ -137,6 +143,24 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
 
 
 PRESETS: dict[str, dict] = {
+    # one GPU (an H200 here), the embedded 1.5B in every role, served by the engine; GRPO sized so that the
+    # capabilities and the target baseline train within about half an hour (docs/examples/gpu)
+    "gpu": {
+        "benchmark": "tau2:airline", "base_model": "qwen2.5-coder-1.5b", "serve": "hf", "serve_rows": 128,
+        "rollout_split": "train", "trials": 4, "eval_split": "test", "eval_trials": 2,
+        "agent": {"max_steps": 30, "max_tokens": 512, "temperature": 0.7, "concurrency": 64},
+        "user_model": {"model": "qwen2.5-coder-1.5b", "temperature": 0.0, "max_tokens": 256},
+        "analyst": {"model": "qwen2.5-coder-1.5b", "max_tokens": 2048},
+        "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 3000}, "builder_mode": "spec",
+        "analysis": {"n_runs": 10, "k": 8, "concurrency": 32},
+        "max_capabilities": 4, "build_rounds": 3, "target_baseline": True,
+        # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a 1.5B
+        # and 10 steps x 2 groups x 16 = 320 rollouts per capability (the paper: ~1,280)
+        "grpo": GRPO_PRESETS["paper"].model_dump() | {"groups_per_step": 2, "steps": 10, "learning_rate": 2e-5,
+                                                      "max_turns": 12, "max_turn_tokens": 256, "max_seq_len": 14336,
+                                                      "save_steps": 5, "kl_every": 5},
+        "train_seeds": 1000, "heldout_seeds": 32,
+    },
     # the method's settings (TRACE §2-5), for a GPU and a real endpoint
     "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
     # the whole pipeline on the embedded models on a 2-core CPU in under an hour (54 min measured)
@@ -214,10 +238,10 @@ def section_settings(model: type[BaseModel], section: str, over: dict, defaults:
         raise ConfigError(describe(err, "--set", (section,))) from None
 
 
-def _deep_merge(base: dict, over: dict) -> dict:
+def deep_merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -259,8 +283,8 @@ def load_config(path: str | Path | None = None, preset: str | None = None, overr
             raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         data = PRESETS[preset]
     if path:
-        data = _deep_merge(data, read_file(path))
-    data = _deep_merge(data, overrides or {})
+        data = deep_merge(data, read_file(path))
+    data = deep_merge(data, overrides or {})
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:

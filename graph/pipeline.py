@@ -2,7 +2,8 @@
 
     rollout → analyse → select ─┬→ next_capability → synthesise ─┬→ approve_env → train → next_capability …
                                 │                      ↑_________│ (another round, ≤ build_rounds)
-                                └→ compose → evaluate → report → (autonomous loop: rollout again) → END
+                                └→ compose → train_target (the GRPO-on-target baseline, when configured)
+                                   → evaluate → report → (autonomous loop: rollout again) → END
 
 Each node calls one stage function (evals.rollout, agents.analyst.analyze / select_capabilities,
 agents.env_builder.synthesize_round, training.train.train_capability, training.compose.compose_trained,
@@ -53,6 +54,7 @@ class State(TypedDict, total=False):
     envs: Annotated[dict[str, EnvRecord], _merge]
     adapters: Annotated[dict[str, AdapterRecord], _merge]
     composition: str | None
+    target_adapter: AdapterRecord | None  # the baseline: GRPO on the target benchmark itself
     gates_untrained: bool | None  # the composition's gates saw no example: moe = base
     results: dict  # final evaluation per mode
     rollout_figures: Annotated[list, operator.add]  # one per iteration
@@ -76,18 +78,41 @@ class Components:
     after_node: Callable[[str], None] | None = None
 
 
+_HF_SERVERS: dict[str, Any] = {}
+
+
+def served(llm, serve: str, rows: int = 64):
+    """An LLMConfig as the run reaches it: unchanged with a base_url or under llama.cpp (served on
+    first use by core.llm); under serve=hf, pointed at one engine server per model (started once)."""
+    if serve != "hf" or llm.base_url:
+        return llm
+    if llm.model not in _HF_SERVERS:
+        import atexit
+
+        from trace_rl.core.models import cache_dir
+        from trace_rl.training.serve import HFServer
+
+        srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx,
+                       log_path=str(cache_dir() / "logs" / f"hf-server-{Path(llm.model).stem}.log"))
+        (cache_dir() / "logs").mkdir(parents=True, exist_ok=True)
+        _HF_SERVERS[llm.model] = srv.start()
+        atexit.register(srv.stop)
+    return llm.model_copy(update={"base_url": _HF_SERVERS[llm.model].base_url})
+
+
 def default_components(cfg: RunConfig) -> Components:
     from trace_rl.core.llm import LLM
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.training.hf_policy import load_model
 
-    agent = LLM(cfg.agent_llm())
-    opts = {"max_steps": cfg.agent.max_steps, "user_llm": cfg.user_model or cfg.agent_llm().model_copy(
-        update={"temperature": 0.0})}
+    serve = lambda llm: served(llm, cfg.serve, cfg.serve_rows)  # noqa: E731
+    agent = LLM(serve(cfg.agent_llm()))
+    opts = {"max_steps": cfg.agent.max_steps, "user_llm": serve(cfg.user_model or cfg.agent_llm().model_copy(
+        update={"temperature": 0.0}))}
     return Components(
         benchmark=load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts), agent=agent,
-        analyst=LLM(cfg.analyst), builder=LLM(cfg.builder), reviewer=LLM(cfg.reviewer or cfg.builder),
-        calibration=agent if cfg.calibrate else None,
+        analyst=LLM(serve(cfg.analyst)), builder=LLM(serve(cfg.builder)),
+        reviewer=LLM(serve(cfg.reviewer or cfg.builder)), calibration=agent if cfg.calibrate else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model))
 
 
@@ -232,6 +257,19 @@ class Pipeline:
                                           self.comps.load_base, log=self.log, **self.cfg.compose.model_dump())
         return {"composition": path, "gates_untrained": untrained}
 
+    def train_target(self, s: State) -> dict:
+        """The baseline (config `target_baseline`): GRPO on the target's own rollout-split tasks with
+        as many GRPO steps (same group sizes: the same rollouts) as all capabilities' GRPO together."""
+        from trace_rl.training.train import train_on_target
+
+        if not self.cfg.target_baseline:
+            return {}
+        trace_steps = sum(a.steps or 0 for a in (s.get("adapters") or {}).values())
+        grpo = self.cfg.grpo.model_copy(update={"steps": trace_steps or self.cfg.grpo.steps})
+        record = train_on_target(self.comps.benchmark, self._task_ids(self.cfg.rollout_split, self.cfg.rollout_tasks),
+                                 self.dir / "train_target", self.comps.load_base, grpo, log=self.log)
+        return {"target_adapter": record}
+
     def _composition(self):
         from trace_rl.training.compose import load
 
@@ -251,6 +289,17 @@ class Pipeline:
             policies = {m: p for m, p in policies.items() if m not in skipped}  # moe = base: not measured twice
         else:  # nothing was trained: the base alone, and the rows that could not exist say why
             policies, skipped = {"base": self.comps.agent}, {m: notes[m] for m in ("router", "moe")}
+        target = s.get("target_adapter")
+        if target is not None and not target.untrained:
+            from peft import PeftModel
+
+            from trace_rl.training.hf_policy import HFPolicy
+
+            model, tok = self.comps.load_base()
+            policies["grpo_target"] = HFPolicy(PeftModel.from_pretrained(model, target.adapter).eval(), tok,
+                                               "grpo_target", max_new_tokens=cfg.agent.max_tokens)
+        elif target is not None:
+            skipped["grpo_target"] = "grpo_target = base: no GRPO step on the target had a reward signal"
         results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
                            self.it(s) / "eval", split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                            skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
@@ -284,7 +333,8 @@ class Pipeline:
         for n in NODES:
             g.add_node(n, self._timed(n, getattr(self, n)))
         for a, b in [(START, "rollout"), ("rollout", "analyse"), ("analyse", "select"), ("select", "next_capability"),
-                     ("train", "next_capability"), ("compose", "evaluate"), ("evaluate", "report"),
+                     ("train", "next_capability"), ("compose", "train_target"), ("train_target", "evaluate"),
+                     ("evaluate", "report"),
                      ("next_iteration", "rollout")]:
             g.add_edge(a, b)
         # compose runs (and skips, saying so) even when nothing was trained: the base row is always measured
@@ -309,13 +359,13 @@ class Pipeline:
 
 
 NODES = ["rollout", "analyse", "select", "next_capability", "synthesise", "approve_env", "train", "compose",
-         "evaluate", "report", "next_iteration"]
+         "train_target", "evaluate", "report", "next_iteration"]
 
 
 # ---------------------------------------------------------------- running, resuming
 # where each stage keeps its output in the run directory (iteration folders: the first iteration's)
 STAGE_OUTPUTS = {"rollout": ["iter_0/rollouts"], "analyse": ["iter_0/analysis"], "synthesise": ["envs"],
-                 "train": ["train"], "compose": ["composition"], "evaluate": ["iter_0/eval"]}
+                 "train": ["train", "train_target"], "compose": ["composition"], "evaluate": ["iter_0/eval"]}
 DECISION_STAGE = {"capabilities@": "analyse", "env:": "synthesise"}  # an approval belongs to what it judged
 
 

@@ -59,6 +59,10 @@ def stage_summary(s: dict) -> list[dict]:
         rows.append({"stage": "train", "outcome": "untrained" if a.untrained else "produced",
                      "detail": f"{a.trained_on.name}: {a.steps} GRPO steps"
                                + (" (weights never changed)" if a.untrained else "") + held})
+    if (t := s.get("target_adapter")) is not None:
+        rows.append({"stage": "baseline", "outcome": "untrained" if t.untrained else "produced",
+                     "detail": f"GRPO on the target ({t.trained_on.description}): {t.steps} steps"
+                               + (" (weights never changed)" if t.untrained else "")})
     if s.get("results") is not None:
         rows.append({"stage": "compose", "outcome": "skipped" if not s.get("composition") else
                      "gates untrained" if s.get("gates_untrained") else "produced",
@@ -75,6 +79,7 @@ def report_data(s: dict, run_dir: Path, benchmark: str) -> dict:
             "environments": {k: v.model_dump() for k, v in (s.get("envs") or {}).items()},
             "adapters": {k: v.model_dump() for k, v in (s.get("adapters") or {}).items()},
             "composition": s.get("composition"), "gates_untrained": s.get("gates_untrained"),
+            "target_adapter": (s.get("target_adapter") or None) and s["target_adapter"].model_dump(),
             "evaluation": s.get("results"), "stages": stage_summary(s), "notes": row_notes(s),
             "timings": s.get("timings")}
 

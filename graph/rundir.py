@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from trace_rl.core.io import atomic_write_json
+from trace_rl.core.io import atomic_write, atomic_write_json
 from trace_rl.graph.config import RunConfig
 
 
@@ -68,3 +68,58 @@ def load_saved_config(run_dir: Path) -> RunConfig:
         raise RunDirError(f"{p}: not a valid run configuration ({err.error_count()} problem(s), first: "
                           f"{'.'.join(map(str, err.errors()[0]['loc']))}: {err.errors()[0]['msg']}); "
                           "restore it, or start a new run directory") from None
+
+
+# ---------------------------------------------------------------- moving a run between machines
+PACK_SKIP = ("checkpoints", "stale", "tensorboard")  # resumable state others can rebuild, or history
+
+
+def pack(run_dir: Path, out_dir: Path, part_mb: int = 15) -> list[Path]:
+    """RUN_DIR as one gzipped tar in parts of <= part_mb MiB (a transfer may limit file sizes), with
+    a manifest of their sha256. GRPO checkpoints, retired stages and TensorBoard logs stay behind:
+    a finished adapter is in the run, and an unfinished GRPO restarts from its last checkpoint only
+    where that checkpoint is."""
+    import hashlib
+    import io
+    import tarfile
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    check_run_dir(run_dir)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(run_dir, arcname=run_dir.name,
+                filter=lambda ti: None if set(Path(ti.name).parts) & set(PACK_SKIP) else ti)
+    data, size = buf.getvalue(), part_mb << 20
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i in range(0, max(1, len(data)), size):
+        part = out_dir / f"{run_dir.name}.tgz.{len(parts):02d}"
+        atomic_write(part, lambda tmp, chunk=data[i:i + size]: tmp.write_bytes(chunk))
+        parts.append(part)
+    atomic_write_json(out_dir / f"{run_dir.name}.tgz.json", {
+        "run": run_dir.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        "parts": [p.name for p in parts]})
+    return parts
+
+
+def unpack(parts_dir: Path, into: Path) -> Path:
+    """The inverse of `pack`: parts checked against their manifest, then extracted under `into`
+    (an existing run of that name is refused, not overwritten)."""
+    import hashlib
+    import io
+    import tarfile
+
+    manifests = sorted(Path(parts_dir).glob("*.tgz.json"))
+    if len(manifests) != 1:
+        raise RunDirError(f"{parts_dir}: expected one *.tgz.json manifest from `trace-rl pack`, found {len(manifests)}")
+    m = read_json_file(manifests[0], "pack the run again")
+    data = b"".join((Path(parts_dir) / p).read_bytes() for p in m["parts"])
+    if hashlib.sha256(data).hexdigest() != m["sha256"]:
+        raise RunDirError(f"{parts_dir}: the parts do not match their manifest (incomplete transfer?); copy them again")
+    dest = Path(into) / m["run"]
+    if dest.exists():
+        raise RunDirError(f"{dest} exists; move it away or unpack into another folder")
+    Path(into).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(into, filter="data")  # no absolute paths, links out of the tree or devices
+    return dest

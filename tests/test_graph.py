@@ -174,9 +174,14 @@ def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     again = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run)], cwd=TESTS, env=env,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "trace-rl resume" in again.stdout
-    res = subprocess.run(cli + ["resume", str(run)], cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
+    refused = subprocess.run(cli + ["resume", str(run), "--set", "grpo.steps=5"], cwd=TESTS, env=env,
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "may change only how the run is served" in refused.stdout
+    res = subprocess.run(cli + ["resume", str(run), "--set", "agent.concurrency=3"], cwd=TESTS, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "done" in res.stdout and "before / after" in res.stdout, res.stderr[-2000:]
     assert json.loads((run / "report.json").read_text())["adapters"]["lookup_before_answering"]["steps"] == 2
+    assert json.loads((run / "config.json").read_text())["agent"]["concurrency"] == 3  # another machine's setting
 
 
 def test_train_unkept_takes_the_best_candidate_only_when_asked(tmp_path, sandbox_image, monkeypatch):
@@ -297,3 +302,37 @@ def test_fingerprints_ignore_settings_that_change_no_result():
     changed = stage_fingerprints(config(analysis={"n_candidates": 2, "n_runs": 4, "k": 2}))
     assert changed["rollout"] == base["rollout"] and changed["analyse"] != base["analyse"]
     assert changed["evaluate"] != base["evaluate"]  # chained: everything after a change changes
+
+
+def test_the_grpo_on_target_baseline_gets_the_same_budget_and_a_row(tmp_path, sandbox_image):
+    """target_baseline: after compose, GRPO on the target's own rollout tasks with as many steps as
+    the capabilities' GRPO together; its row is measured, or says why it is not a result."""
+    st = drive(tmp_path, config(target_baseline=True), resume=False, log=lambda *a: None)["state"]
+    trace_steps = sum(a.steps for a in st["adapters"].values())
+    target = st["target_adapter"]
+    assert target.trained_on.name == "target" and target.steps == trace_steps > 0
+    assert (tmp_path / "train_target" / "adapter" / "adapter_config.json").is_file()
+    row = st["results"]["grpo_target"]
+    assert ("skipped" in row) == target.untrained
+    assert row.get("episodes") == st["results"]["base"]["episodes"] or row["skipped"].startswith("grpo_target = base")
+    assert "| baseline |" in (tmp_path / "report.md").read_text()
+
+
+def test_a_packed_run_unpacks_elsewhere_and_resumes(tmp_path, reference):
+    """Moving a run between machines: pack in parts, unpack elsewhere, resume to the same state;
+    a damaged part or an existing run of that name is refused."""
+    from trace_rl.graph.rundir import RunDirError, pack, unpack
+
+    ref_dir, ref_state = reference
+    parts = pack(ref_dir, tmp_path / "parts", part_mb=1)
+    assert parts and all(p.stat().st_size <= 1 << 20 for p in parts)
+    moved = unpack(tmp_path / "parts", tmp_path / "elsewhere")
+    assert not list(moved.rglob("checkpoint-*"))  # GRPO optimizer states stay behind
+    assert (moved / "train" / "lookup_before_answering" / "grpo" / "adapter").is_dir()
+    st = drive(moved, config(), resume=True, log=lambda *a: None)["state"]
+    assert summary(st) == summary(ref_state)
+    with pytest.raises(RunDirError, match="exists"):
+        unpack(tmp_path / "parts", tmp_path / "elsewhere")
+    parts[0].write_bytes(parts[0].read_bytes()[:-1] + b"x")
+    with pytest.raises(RunDirError, match="do not match their manifest"):
+        unpack(tmp_path / "parts", tmp_path / "third")

@@ -214,3 +214,18 @@ def test_a_batch_without_signal_changes_nothing(tmp_path):
     assert [r["skipped_no_signal"] for r in res.log] == [1.0, 1.0]
     lora_b = [p for n, p in g.trainer.model.named_parameters() if "lora_B" in n]
     assert lora_b and all(float(p.abs().sum()) == 0.0 for p in lora_b)
+
+
+def test_grpo_on_the_target_benchmark_trains_an_adapter_and_resumes_from_disk(tmp_path):
+    """The baseline's train stage: GRPO on a benchmark's own tasks (here the letters toy)."""
+    from trace_rl.training.train import train_on_target
+
+    tok = tiny_tokenizer()
+    bench = LetterBench()
+    loads = []
+    load = lambda: loads.append(1) or (tiny_model(tok), tok)
+    rec = train_on_target(bench, [t.id for t in bench.tasks()], tmp_path / "target", load, PRESETS["tiny"], log=print)
+    assert rec.trained_on.name == "target" and rec.steps == 2 and (tmp_path / "target" / "adapter").is_dir()
+    assert json.loads((tmp_path / "target" / "report.json").read_text())["capability"] == "grpo_target"
+    again = train_on_target(bench, [t.id for t in bench.tasks()], tmp_path / "target", load, PRESETS["tiny"], log=print)
+    assert again == rec and len(loads) == 1  # the finished adapter is read back, nothing retrained

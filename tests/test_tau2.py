@@ -100,3 +100,43 @@ def test_scorer_agrees_with_tau2_gold_and_floors(domain):
     n, gold, floor = _replay_domain(domain)
     assert (n, floor) == FLOORS[domain]
     assert gold == n
+
+
+@pytest.mark.parametrize("task_index", [0, 7])
+def test_grpo_plays_a_telecom_task_turn_by_turn_and_tau2_scores_it_as_the_gold_replay(task_index):
+    """τ² as a GRPO environment: GRPO's token rollout plays the gold actions as the model's turns
+    (one tool call a turn, then `done`); τ²'s own evaluator scores the episode as it scores the
+    scripted replay of the same actions (1.0), and a hinted episode is the plain one."""
+    import json
+
+    from tiny import tiny_tokenizer
+    from trace_rl.training.engine import stop_ids
+    from trace_rl.training.grpo import PRESETS, TokenRollout
+    from trace_rl.training.hf_policy import encode
+
+    bench = load_benchmark("tau2:telecom")
+    tid = bench.tasks("test")[task_index].id
+    gold = bench.gold_actions(tid)
+    want = bench.episode(tid, with_user=False).replay(gold)
+    tok = tiny_tokenizer()
+    turns = [f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n</tool_call>'
+             for c in gold] + ['<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>']
+    script = iter(turns)
+    end = stop_ids(tok)[0]
+
+    def generate(seqs, n):
+        text = next(script)
+        return [encode(tok, text) + [end] for _ in seqs]
+
+    settings = PRESETS["tiny"].model_copy(update={"max_turns": len(turns) + 1, "max_seq_len": 60000})
+    ep = bench.episode(tid, hinted=True)
+    assert ep.plain_system_prompt == ep.system_prompt  # τ² has no hints
+    [played] = TokenRollout(bench, tok, settings).run(generate, [tid], [True])
+    assert want.passed and played.success and played.reward == want.reward == 1.0
+    assert played.termination == "agent_stop" and played.turns == len(turns)
+    calls = [json.loads(json.dumps(m["tool_calls"][0]["function"]["name"])) for m in played.messages
+             if m.get("tool_calls")]
+    assert calls == [c["function"]["name"] for c in gold] + ["done"]
+    script = iter(turns[1:])  # the first gold action left out: τ² must not pass it
+    [short] = TokenRollout(bench, tok, settings).run(generate, [tid], [False])
+    assert len(gold) >= 1 and not short.success and short.reward < 1.0

@@ -143,18 +143,23 @@ class TokenRollout:
         return False
 
     def run(self, generate: Generate, task_ids: list[str], hinted: list[bool]) -> list[TokenEpisode]:
-        pairs = [self._start(t, h) for t, h in zip(task_ids, hinted)]
-        try:
-            live = [(te, ep) for te, ep in pairs if not te.termination]
-            while live:
-                outs = generate([te.gen_prompt_ids + te.completion_ids for te, _ in live], self.s.max_turn_tokens)
-                live = [(te, ep) for (te, ep), new in zip(live, outs) if self._turn(te, ep, new)]
-            for te, ep in pairs:
-                score = ep.score(te.termination)
-                te.reward, te.success = float(score.reward), bool(score.passed)
-        finally:
-            for _, ep in pairs:
-                ep.close()
+        from concurrent.futures import ThreadPoolExecutor
+
+        # environments step in threads: a user simulator behind a batching server answers them together
+        with ThreadPoolExecutor(max_workers=max(1, len(task_ids))) as pool:
+            pairs = list(pool.map(self._start, task_ids, hinted))
+            try:
+                live = [(te, ep) for te, ep in pairs if not te.termination]
+                while live:
+                    outs = generate([te.gen_prompt_ids + te.completion_ids for te, _ in live], self.s.max_turn_tokens)
+                    going = list(pool.map(lambda pair, new: self._turn(*pair, new), live, outs))
+                    live = [pair for pair, on in zip(live, going) if on]
+                for te, ep in pairs:
+                    score = ep.score(te.termination)
+                    te.reward, te.success = float(score.reward), bool(score.passed)
+            finally:
+                for _, ep in pairs:
+                    ep.close()
         return [te for te, _ in pairs]
 
 

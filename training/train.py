@@ -26,9 +26,10 @@ def env_benchmark(name: str, code: str, seeds: range) -> SyntheticBenchmark:
     return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1)
 
 
-def grpo(name: str, code: str, load_base: Callable[[], tuple], out: Path, settings: GRPOSettings,
-         train_seeds: int, log=print) -> tuple[str, int, str | None, bool]:
-    """(adapter path, steps, curve PNG, untrained) — from disk when the adapter is already there."""
+def grpo(name: str, bench, task_ids: list[str], load_base: Callable[[], tuple], out: Path, settings: GRPOSettings,
+         log=print) -> tuple[str, int, str | None, bool]:
+    """(adapter path, steps, curve PNG, untrained) of GRPO on `bench`'s `task_ids` — from disk when
+    the adapter is already there."""
     if (out / "adapter" / "adapter_config.json").is_file() and (out / "train_log.json").is_file():
         history = json.loads((out / "train_log.json").read_text())
         curve = out / "curve.png"
@@ -36,14 +37,27 @@ def grpo(name: str, code: str, load_base: Callable[[], tuple], out: Path, settin
             plot_curve(history, curve, f"GRPO: {name}")
         return str(out / "adapter"), len(history), str(curve), not adapter_changed(out / "adapter")
     model, tok = load_base()
-    ids = [str(x) for x in range(train_seeds)]
-    with env_benchmark(name, code, range(train_seeds)) as bench:
-        res = CapabilityGRPO(model, tok, bench, ids, out, settings, name=name).train()
+    res = CapabilityGRPO(model, tok, bench, task_ids, out, settings, name=name).train()
     untrained = not adapter_changed(res.adapter)
     if untrained:
         log(f"{name}: UNTRAINED: after {res.steps} GRPO steps every LoRA B matrix is still zero "
-            "(no step had a reward signal); the adapter is left out of the composition")
+            "(no step had a reward signal); the adapter is left out")
     return res.adapter, res.steps, res.curve, untrained
+
+
+def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: Callable[[], tuple],
+                    settings: GRPOSettings, log=print) -> AdapterRecord:
+    """The baseline TRACE is judged against (the paper's "GRPO on the target environment"): one
+    LoRA trained by GRPO on the benchmark's own episodes (`task_ids`: its train split; its sparse
+    reward; no hints), with the settings and the rollout budget of the capabilities' GRPO."""
+    out = Path(out_dir)
+    adapter, steps, curve, untrained = grpo("grpo_target", bench, task_ids, load_base, out, settings, log)
+    record = AdapterRecord(trained_on=TrainedOn(name="target", description=f"{bench.name}: {len(task_ids)} tasks"),
+                           adapter=adapter, steps=steps, curve=curve, untrained=untrained)
+    atomic_write_json(out / "report.json", {"capability": "grpo_target", **record.model_dump()})
+    log(f"GRPO on {bench.name}: {steps} steps x {settings.group_size * settings.groups_per_step} episodes"
+        + (" (UNTRAINED: no step had a reward signal)" if untrained else ""))
+    return record
 
 
 def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
@@ -71,7 +85,9 @@ def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base:
         return HeldOut(success=figs["pass@1"], mean_reward=figs["mean_reward"], episodes=figs["episodes"])
 
     before = None if distributed else measure(*load_base(), "base")
-    adapter, steps, curve, untrained = grpo(name, code, load_base, out / "grpo", settings, train_seeds, log)
+    with env_benchmark(name, code, range(train_seeds)) as bench:
+        adapter, steps, curve, untrained = grpo(name, bench, [str(x) for x in range(train_seeds)], load_base,
+                                                out / "grpo", settings, log)
     if distributed:
         if int(os.environ.get("RANK", "0")):
             return None

@@ -1,0 +1,59 @@
+"""The OpenAI-compatible server over the engine: the project's own client talks to it like to
+llama.cpp; concurrent requests are decoded together; an over-long request is a typed 400."""
+import threading
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from tiny import tiny_model, tiny_tokenizer
+from trace_rl.core.llm import LLM, LLMConfig, is_context_length_error
+from trace_rl.core.server import free_port
+from trace_rl.training.hf_policy import HFPolicy
+from trace_rl.training.serve import make_handler
+
+
+@pytest.fixture(scope="module")
+def server():
+    tok = tiny_tokenizer()
+    policy = HFPolicy(tiny_model(tok, seed=1), tok, "tiny", rows=4, max_len=512)
+    port = free_port()
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(policy, "tiny"))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{port}/v1", policy
+    httpd.shutdown()
+
+
+def test_the_client_gets_the_same_answer_as_the_policy_in_process(server):
+    url, policy = server
+    msgs = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Paris"}]
+    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=16))
+    reply = llm.chat(msgs)
+    fresh = HFPolicy(policy.model, policy.tokenizer, "tiny", max_new_tokens=16).chat(msgs)
+    assert reply.content == fresh.content and reply.completion_tokens == fresh.completion_tokens > 0
+    assert reply.prompt_tokens == fresh.prompt_tokens
+
+
+def test_concurrent_requests_are_decoded_together(server):
+    url, policy = server
+    engine = policy.batcher.engine
+    calls = []
+    real = engine.generate
+    engine.generate = lambda reqs: calls.append(len(reqs)) or real(reqs)
+    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=16))
+    out = [None] * 4
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, llm.chat(
+        [{"role": "user", "content": f"say {i} a b"}]))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    engine.generate = real
+    assert all(o is not None for o in out) and max(calls) >= 2  # at least two requests shared a batch
+
+
+def test_a_request_beyond_the_model_is_a_context_length_error(server):
+    url, _ = server
+    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=16, retries=0))
+    with pytest.raises(Exception) as err:
+        llm.chat([{"role": "user", "content": "a b c " * 3000}])
+    assert is_context_length_error(err.value)

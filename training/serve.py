@@ -1,0 +1,185 @@
+"""An OpenAI-compatible chat server over a transformers model and the engine (training/engine.py),
+for machines without llama.cpp (a GPU machine): the user simulator, the analyst, a reviewer.
+
+Concurrent requests decode together (the engine's batcher), a conversation's earlier turns and a
+shared system prompt stay in its cache. Tool calls are parsed from the text, as for llama.cpp
+with the model's own template. `response_format` is not enforced (no grammar): callers validate
+and retry, as they do with any endpoint.
+
+    python -m trace_rl.training.serve --model qwen2.5-coder-1.5b --port 8081 [--rows 64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from trace_rl.core.llm import parse_tool_calls
+from trace_rl.core.server import free_port
+
+
+def make_handler(policy, name: str):
+    """The request handler for one model (`policy`: an HFPolicy, whose engine batches requests)."""
+    from trace_rl.training.engine import Request
+    from trace_rl.training.hf_policy import encode, render
+
+    tok = policy.tokenizer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # quiet: one line per request is noise at thousands of requests
+            pass
+
+        def _send(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path.rstrip("/").endswith("/models"):
+                return self._send(200, {"object": "list", "data": [{"id": name, "object": "model"}]})
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self):
+            if not self.path.rstrip("/").endswith("/chat/completions"):
+                return self._send(404, {"error": {"message": f"no route {self.path}"}})
+            try:
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                messages, tools = req["messages"], req.get("tools") or None
+                ids = encode(tok, render(tok, messages, tools, add_generation_prompt=True))
+                max_new = int(req.get("max_tokens") or req.get("max_completion_tokens") or 512)
+                temp = float(req.get("temperature") if req.get("temperature") is not None else 0.0)
+            except (ValueError, KeyError, TypeError) as err:
+                return self._send(400, {"error": {"message": f"bad request: {err}", "type": "invalid_request_error"}})
+            engine = policy.batcher.engine
+            if len(ids) + max_new > engine.limit:
+                return self._send(400, {"error": {
+                    "message": f"This model's maximum context length is {engine.limit} tokens; the request needs "
+                               f"{len(ids) + max_new}", "code": "context_length_exceeded",
+                    "type": "invalid_request_error"}})
+            t0 = time.perf_counter()
+            try:
+                new = policy.batcher.submit(Request(ids, max_new, temp))
+            except Exception as err:  # the engine failed: the client sees a 500, the server lives on
+                return self._send(500, {"error": {"message": f"{type(err).__name__}: {err}"}})
+            text = tok.decode(new, skip_special_tokens=True).strip()
+            calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
+            stopped = bool(new) and new[-1] in engine.stops.tolist()
+            message = {"role": "assistant", "content": None if calls else text}
+            if calls:
+                message["tool_calls"] = [c.to_openai() for c in calls]
+            self._send(200, {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+                "model": name, "choices": [{"index": 0, "message": message,
+                                            "finish_reason": "tool_calls" if calls else "stop" if stopped else "length"}],
+                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(new),
+                          "total_tokens": len(ids) + len(new)},
+                "timings": {"seconds": time.perf_counter() - t0}})
+
+    return Handler
+
+
+def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | None = None, max_len: int = 16384,
+          alias: str | None = None) -> None:
+    """Load `model` (embedded name, .gguf, or transformers folder) and serve it until killed."""
+    from trace_rl.training.hf_policy import HFPolicy
+
+    policy = HFPolicy.load(model, rows=rows, max_len=max_len)
+    name = alias or Path(model).stem
+    server = ThreadingHTTPServer((host, port), make_handler(policy, name))
+    server.daemon_threads = True
+    print(f"serving {name} on http://{host}:{port}/v1 (engine rows={policy.batcher.engine.rows})", flush=True)
+    server.serve_forever()
+
+
+@dataclass
+class HFServer:
+    """`serve` in a child process that ends with this one; a context manager like core.server.LlamaServer."""
+    model: str
+    port: int = 0
+    host: str = "127.0.0.1"
+    rows: int | None = None
+    max_len: int = 16384
+    startup_timeout: float = 900.0
+    log_path: str | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def model_name(self) -> str:
+        return Path(self.model).stem
+
+    def start(self) -> "HFServer":
+        self.port = self.port or free_port()
+        cmd = [sys.executable, "-m", "trace_rl.training.serve", "--parent", str(os.getpid()), "--model", self.model,
+               "--host", self.host, "--port", str(self.port), "--max-len", str(self.max_len)]
+        if self.rows:
+            cmd += ["--rows", str(self.rows)]
+        log = open(self.log_path or os.devnull, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"HF server for {self.model} exited with {self.proc.returncode} (log: {self.log_path})")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"HF server for {self.model} not up after {self.startup_timeout} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None
+
+    def __enter__(self) -> "HFServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8081)
+    ap.add_argument("--rows", type=int, default=None, help="conversations decoded together (default 16 on CUDA)")
+    ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--parent", type=int, default=None, help="exit when this process is gone")
+    args = ap.parse_args()
+    if args.parent:
+        def watch():
+            while os.getppid() == args.parent:
+                time.sleep(1.0)
+            os._exit(0)
+        threading.Thread(target=watch, daemon=True).start()
+    serve(args.model, args.host, args.port, args.rows, args.max_len)
+
+
+if __name__ == "__main__":
+    main()
