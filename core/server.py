@@ -26,15 +26,13 @@ def free_port() -> int:
 
 
 @dataclass
-class LlamaServer:
-    """A llama.cpp server subprocess; use as a context manager or call start()/stop()."""
+class ServerProcess:
+    """An OpenAI-compatible server in a child process that exits with this one; a context manager.
+    Subclasses say what to run (`command`) and under which name it answers (`model_name`)."""
 
-    model: str  # embedded model name or path to a .gguf
+    model: str  # embedded model name or path
     port: int = 0  # 0 picks a free port
     host: str = "127.0.0.1"
-    n_ctx: int = 8192
-    n_threads: int = max(1, os.cpu_count() or 1)
-    chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
     startup_timeout: float = 180.0
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
@@ -44,32 +42,30 @@ class LlamaServer:
 
     @property
     def model_name(self) -> str:
-        """The name the server answers to (the alias we pass)."""
-        return Path(self.model).stem if self.model.endswith(".gguf") else self.model
+        return Path(self.model).stem
 
-    def start(self) -> "LlamaServer":
-        path = gguf_path(self.model)
-        chat_format = self.chat_format or (MODELS[self.model].chat_format if self.model in MODELS else None)
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> "ServerProcess":
         self.port = self.port or free_port()
-        log_path = cache_dir() / "logs" / f"llama-server-{self.port}.log"
+        cmd = self.command()
+        log_path = cache_dir() / "logs" / f"{type(self).__name__}-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Through our own entry point, which exits when this process dies (a killed run leaves no server).
-        cmd = [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), "--model", str(path), "--model_alias",
-               self.model_name, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-               "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self._log.close()
-                raise RuntimeError(f"llama.cpp server exited with {self.proc.returncode}; "
+                raise RuntimeError(f"{type(self).__name__} for {self.model} exited with {self.proc.returncode}; "
                                    f"log: {log_path}\n{log_path.read_text()[-3000:]}")
             if self.healthy():
                 return self
             time.sleep(0.5)
         self.stop()
-        raise TimeoutError(f"llama.cpp server not healthy after {self.startup_timeout}s; log: {log_path}")
+        raise TimeoutError(f"{type(self).__name__} for {self.model} not healthy after {self.startup_timeout}s; "
+                           f"log: {log_path}")
 
     def healthy(self) -> bool:
         try:
@@ -90,24 +86,47 @@ class LlamaServer:
             self._log.close()
         self.proc = None
 
-    def __enter__(self) -> "LlamaServer":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
 
-def _serve_while_parent_lives() -> None:
-    """`python -m trace_rl.core.server PARENT_PID <llama_cpp.server args>`: llama.cpp's
-    server, ended as soon as PARENT_PID is gone (even if that process was SIGKILLed)."""
-    parent = int(sys.argv.pop(1))
+@dataclass
+class LlamaServer(ServerProcess):
+    """llama.cpp's server for a local GGUF (through our entry point: it exits when we die)."""
 
+    n_ctx: int = 8192
+    n_threads: int = max(1, os.cpu_count() or 1)
+    chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
+
+    @property
+    def model_name(self) -> str:
+        """The name the server answers to (the alias we pass)."""
+        return Path(self.model).stem if self.model.endswith(".gguf") else self.model
+
+    def command(self) -> list[str]:
+        path = gguf_path(self.model)
+        chat_format = self.chat_format or (MODELS[self.model].chat_format if self.model in MODELS else None)
+        return [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), "--model", str(path), "--model_alias",
+                self.model_name, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+                "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
+
+
+def exit_with_parent(parent: int) -> None:
+    """End this process as soon as `parent` is gone (even if it was SIGKILLed): no orphan server."""
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
         os._exit(0)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _serve_while_parent_lives() -> None:
+    """`python -m trace_rl.core.server PARENT_PID <llama_cpp.server args>`: llama.cpp's server."""
+    exit_with_parent(int(sys.argv.pop(1)))
     from llama_cpp.server.__main__ import main
 
     main()

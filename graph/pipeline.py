@@ -89,12 +89,9 @@ def served(llm, serve: str, rows: int = 64):
     if llm.model not in _HF_SERVERS:
         import atexit
 
-        from trace_rl.core.models import cache_dir
         from trace_rl.training.serve import HFServer
 
-        srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx,
-                       log_path=str(cache_dir() / "logs" / f"hf-server-{Path(llm.model).stem}.log"))
-        (cache_dir() / "logs").mkdir(parents=True, exist_ok=True)
+        srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx)
         _HF_SERVERS[llm.model] = srv.start()
         atexit.register(srv.stop)
     return llm.model_copy(update={"base_url": _HF_SERVERS[llm.model].base_url})

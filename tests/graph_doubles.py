@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 from doubles import ScriptedLLM
 from tiny import tiny_model, tiny_tokenizer
@@ -58,35 +59,7 @@ class CityBench(Benchmark):
 
 register("cities", lambda variant, **kw: CityBench())
 
-ENV = '''"""Test environment: say the letter a (reward = share of a's in the reply)."""
-from trace_env import Environment
-
-TOOLS = [%s]
-
-
-class Env(Environment):
-    max_steps = 3
-    tools = TOOLS
-    hint = "Use many a letters."
-
-    def generate(self, rng):
-        self.n = rng.randint(1, 10**6)
-        return f"Hello from user u{self.n}. Reply."
-
-    @property
-    def system_prompt(self):
-        return "Reply to the user."
-
-    def tool_get_user(self, user_id):
-        return {"city": "Paris"}
-
-    def score(self):
-        r = self.final_reply
-        return {"components": {"a": r.count("a") / max(1, len(r))}, "weights": {"a": 1.0}}
-
-    def reference_actions(self):
-        return [{"content": "aaaa"}]
-''' % json.dumps(TOOL)
+ENV = (Path(__file__).parent / "envs" / "sound.py").read_text()  # one sound env for every test
 BROKEN_ENV = ENV.replace('return {"components": {"a": r.count("a") / max(1, len(r))}, "weights": {"a": 1.0}}',
                          'return {"components": {"a": 1.0}, "weights": {"a": 1.0}}')
 

@@ -57,3 +57,15 @@ def test_a_request_beyond_the_model_is_a_context_length_error(server):
     with pytest.raises(Exception) as err:
         llm.chat([{"role": "user", "content": "a b c " * 3000}])
     assert is_context_length_error(err.value)
+
+
+def test_the_server_runs_as_a_child_process_and_stops(tmp_path):
+    from tiny import save_tiny
+    from trace_rl.training.serve import HFServer
+
+    path = save_tiny(tmp_path / "tiny")
+    with HFServer(str(path), rows=2, max_len=512) as srv:
+        reply = LLM(LLMConfig(model="tiny", base_url=srv.base_url, max_tokens=16)).chat([{"role": "user", "content": "a"}])
+        assert reply.completion_tokens > 0
+        proc = srv.proc
+    assert proc.poll() is not None  # gone with the context

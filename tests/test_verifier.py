@@ -1,5 +1,6 @@
 """The verifier on a hand-written reference environment and deliberately broken variants."""
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -165,25 +166,16 @@ def test_review_without_a_valid_verdict_is_a_fail_not_a_crash(monkeypatch):
     assert not report.passed and "no valid verdict" in report.failures()[0].detail
 
 
-HINT_LEAK = '''"""Say the secret word (the secret is only in the hint)."""
-from trace_env import Environment
+HINT_LEAK = (Path(__file__).parent / "envs" / "sound.py").read_text() + '''
 
-
-class Env(Environment):
+# the hint gives the answer away
+class Env(Env):
     max_steps = 2
-    tools = [%s]
 
     def generate(self, rng):
         self.secret = "".join(rng.choice("qwxz") for _ in range(8))
         self.hint = "The word to say is " + self.secret + "."
         return "Say the word."
-
-    @property
-    def system_prompt(self):
-        return "Say the right word."
-
-    def tool_get_user(self, user_id):
-        return {"city": "Paris"}
 
     def score(self):
         return {"components": {"word": float(self.secret in self.final_reply)}, "weights": {"word": 1.0}}
@@ -195,9 +187,8 @@ class Env(Environment):
 
 def test_an_answer_in_the_hint_is_a_leak(sandbox_image):
     from graph_doubles import TOOL
-    import json
 
-    findings, _ = automatic_checks(HINT_LEAK % json.dumps(TOOL), [TOOL], CFG)
+    findings, _ = automatic_checks(HINT_LEAK, [TOOL], CFG)
     leak = next(f for f in findings if f.check == "answer_leak")
     assert not leak.passed and leak.figures["mean"] == 1.0
 

@@ -13,19 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from trace_rl.core.llm import parse_tool_calls
-from trace_rl.core.server import free_port
+from trace_rl.core.server import ServerProcess, exit_with_parent
 
 
 def make_handler(policy, name: str):
@@ -107,60 +103,16 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | Non
 
 
 @dataclass
-class HFServer:
-    """`serve` in a child process that ends with this one; a context manager like core.server.LlamaServer."""
-    model: str
-    port: int = 0
-    host: str = "127.0.0.1"
+class HFServer(ServerProcess):
+    """`serve` in a child process that ends with this one (see core.server.ServerProcess)."""
     rows: int | None = None
     max_len: int = 16384
-    startup_timeout: float = 900.0
-    log_path: str | None = None
-    proc: subprocess.Popen | None = field(default=None, repr=False)
+    startup_timeout: float = 900.0  # a first start converts the GGUF for transformers
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def model_name(self) -> str:
-        return Path(self.model).stem
-
-    def start(self) -> "HFServer":
-        self.port = self.port or free_port()
-        cmd = [sys.executable, "-m", "trace_rl.training.serve", "--parent", str(os.getpid()), "--model", self.model,
-               "--host", self.host, "--port", str(self.port), "--max-len", str(self.max_len)]
-        if self.rows:
-            cmd += ["--rows", str(self.rows)]
-        log = open(self.log_path or os.devnull, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"HF server for {self.model} exited with {self.proc.returncode} (log: {self.log_path})")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(1.0)
-        self.stop()
-        raise TimeoutError(f"HF server for {self.model} not up after {self.startup_timeout} s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc = None
-
-    def __enter__(self) -> "HFServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "trace_rl.training.serve", "--parent", str(os.getpid()), "--model", self.model,
+                "--host", self.host, "--port", str(self.port), "--max-len", str(self.max_len)] + \
+            (["--rows", str(self.rows)] if self.rows else [])
 
 
 def main() -> None:
@@ -173,11 +125,7 @@ def main() -> None:
     ap.add_argument("--parent", type=int, default=None, help="exit when this process is gone")
     args = ap.parse_args()
     if args.parent:
-        def watch():
-            while os.getppid() == args.parent:
-                time.sleep(1.0)
-            os._exit(0)
-        threading.Thread(target=watch, daemon=True).start()
+        exit_with_parent(args.parent)
     serve(args.model, args.host, args.port, args.rows, args.max_len)
 
 

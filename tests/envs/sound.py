@@ -1,6 +1,6 @@
-"""A sound test environment: say the letter a (reward = share of a's in the reply).
-The modules in misbehaving/ are appended to it, each redefining Env with one defect."""
-import json
+"""Test environment: say the letter a (reward = share of a's in the reply)."""
+# The sound environment of the tests (graph_doubles.ENV); the modules in misbehaving/ are appended
+# to it, each redefining Env with one defect.
 import os
 
 from trace_env import Environment
