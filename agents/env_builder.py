@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 
 from trace_rl import prompts
-from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module
+from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox
 from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.records import EnvRecord, TrainedOn
@@ -173,8 +173,9 @@ def suggest_behaviour(fn: dict) -> tuple[dict, str | None, str | None]:
         behaviour = {"kind": "list", "entity": entity, "where": {a: f"{{args.{a}}}" for a in args}}
     elif words[0] in READ_VERBS:
         behaviour = {"kind": "read", "entity": entity, "arg": arg, **({"field": field} if field else {})}
-    else:
-        behaviour = {"kind": "update", "entity": entity, "arg": arg, "set": {"status": "..."}}
+    else:  # what it changes is the builder's to say; a cancel sets a status code can name
+        behaviour = {"kind": "update", "entity": entity, "arg": arg,
+                     "set": {"status": "cancelled"} if words[0] == "cancel" else {}}
     return behaviour, entity, field or arg
 
 
@@ -253,7 +254,11 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
     adir.mkdir(parents=True, exist_ok=True)
     try:
         if mode == "spec":
-            spec = write_spec(builder, capability, target, list(examples), feedback, previous)
+            raw = write_spec(builder, capability, target, list(examples), feedback, previous)
+            atomic_write_json(adir / "builder_spec.json", raw)  # what the model wrote, as it wrote it
+            suggestions = {t["function"]["name"]: suggest_behaviour(t["function"])[0] for t in target.tools}
+            spec, repairs = repair_in_sandbox(raw, target.tools, suggestions)  # mechanical slips, fixed by code
+            atomic_write_json(adir / "repairs.json", repairs)
             atomic_write_json(adir / "spec.json", spec)
             code = render_module(spec, target.tools, target.policy)  # schemas and policy: copied by code
         else:
@@ -283,7 +288,10 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
         Finding(f["check"], False, f["detail"]) for f in
         check_in_sandbox(json.loads(spec_path.read_text()), target.tools)]
     report = VerifierReport(static) if static else verify(code, target.tools, capability, cfg, reviewer, base_policy)
-    out = {**report.to_dict(), "feedback": report.feedback()}
+    repairs_path = env.parent / "repairs.json"
+    repairs = json.loads(repairs_path.read_text()) if repairs_path.is_file() else []
+    out = {**report.to_dict(), "repairs": repairs, "feedback": report.feedback() + (
+        "\nCode already fixed these in the spec above (keep them): " + "; ".join(repairs) if repairs else "")}
     tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
     atomic_write_json(env.parent / "manifest.json", {
         "capability": capability["name"], "description": capability.get("description", ""), "target": target.name,

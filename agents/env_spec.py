@@ -249,6 +249,23 @@ def render_module(spec: dict, target_tools: list[dict], policy: str = "") -> str
             "    POLICY = POLICY\n")
 
 
+def repair_in_sandbox(spec: dict, target_tools: list[dict], suggestions: dict, limits=None) -> tuple[dict, list[str]]:
+    """spec_env.repair_spec run inside a sandbox (the spec is hostile data: its size and depth are
+    handled there): (repaired spec, notes), or the spec as it was and a note saying why."""
+    from trace_rl.sandbox.session import SandboxError, SessionLimits, open_session
+
+    try:
+        payload = json.dumps([spec, target_tools, suggestions])
+        snippet = ("import json, spec_env\n"
+                   f"spec, tools, sugg = json.loads({payload!r})\n"
+                   "print(json.dumps(spec_env.repair_spec(spec, tools, suggestions=sugg)))\n")
+        with open_session(limits or SessionLimits()) as session:
+            fixed, notes = json.loads(session.exec(snippet, timeout=60))
+        return (fixed, [str(n) for n in notes]) if isinstance(fixed, dict) else (spec, [])
+    except (SandboxError, TypeError, ValueError) as err:
+        return spec, [f"repairs did not run: {str(err)[:300]}"]
+
+
 def check_in_sandbox(spec: dict, target_tools: list[dict], seeds: int = 5, limits=None) -> list[dict]:
     """spec_env.check_spec run inside a sandbox: the findings, or one finding saying why none came."""
     from trace_rl.sandbox.session import SandboxError, SessionLimits, open_session

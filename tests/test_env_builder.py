@@ -106,13 +106,15 @@ def test_library_match_is_per_target_domain():
 
 @pytest.mark.docker
 def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_image):
-    """Spec mode: round 1's spec names a field no entity has (a check_spec finding naming it goes
-    back to the builder), round 2 is the shipped example spec: verified, its module rendered by code."""
+    """Spec mode: round 1's spec names a field no entity has (code declares it, and says so) and a
+    task fact nobody defined (a check_spec finding naming it goes back to the builder); round 2 is
+    the shipped example spec: verified, its module rendered by code."""
     from trace_rl.agents.env_builder import builder_mode, spec_example
     from trace_rl.evals.benchmark import load_benchmark
 
     good = json.loads(spec_example("other_capability", "tau2:retail"))  # the airline example
     bad = json.loads(json.dumps(good).replace("{task.reservation.reservation_id}", "{task.reservation.booking_ref}", 1))
+    bad["reference"][-1]["when"] = {"op": "state_equals", "path": "task.refundable", "value": True}
     builder = ScriptedLLM([json.dumps(bad), json.dumps(good)])
     target = Target.of(load_benchmark("tau2:airline"))
     cap = {"name": "precondition_verification", "description": "Checks rules before acting. Matters."}
@@ -120,8 +122,9 @@ def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_ima
                         cfg=VerifyConfig(seeds=12, determinism_seeds=2), log=lambda *a: None)
     assert result.status == "verified" and result.rounds == 2
     r1 = json.loads((tmp_path / "attempt_01" / "verifier_report.json").read_text())
-    assert not r1["passed"] and "booking_ref" in r1["feedback"]
-    assert "booking_ref" in builder.requests[1][-1]["content"]  # the finding went back to the builder
+    assert not r1["passed"] and "refundable" in r1["feedback"] and "booking_ref" in " ".join(r1["repairs"])
+    assert json.loads((tmp_path / "attempt_01" / "builder_spec.json").read_text()) == bad  # as the model wrote it
+    assert "refundable" in builder.requests[1][-1]["content"]  # the finding went back to the builder
     assert json.loads((tmp_path / "attempt_02" / "spec.json").read_text()) == good
     module = (tmp_path / "attempt_02" / "env.py").read_text()
     assert "class Env(SpecEnv)" in module and repr(target.policy)[:80] in module  # the policy, copied by code

@@ -516,3 +516,46 @@ def test_rendered_spec_passes_the_verifiers_automatic_checks_in_the_sandbox(sand
     assert check_in_sandbox(AIRLINE, TOOLS) == []
     bad = check_in_sandbox(mutate("reward.2.pred.of.1", {"op": "reply_contains", "text": "refund"}), TOOLS)
     assert checks(bad) == {"reference_fails"}
+
+
+def _slipped():
+    """The reference spec with the slips the embedded 1.5B made for real (docs/examples/spec-build)."""
+    s = copy.deepcopy(AIRLINE)
+    del s["entities"]["reservation"]["fields"]["insurance"]  # used by a task fact, never declared
+    s["entities"]["reservation"]["fields"]["airport"] = {"type": "ref", "entity": "airport"}  # undeclared entity
+    s["task"]["eligible"] = json.loads(json.dumps(s["task"]["eligible"]).replace("task.reservation.", "task.res."))
+    s["tools"]["cancel_reservation"]["set"]["refunded_at"] = "{args.reservation_id}"  # an undeclared field set
+    del s["tools"]["transfer_to_human_agents"]  # called by the reference, not exposed
+    step = next(x for x in s["reference"] if x.get("call") == "cancel_reservation")
+    step["call"], step["args"] = "cancel_pending_order", {}  # retail's tool (the example's), no argument
+    s["task"]["desk"] = {"type": "const", "value": ["A1", "B2"]}
+    s["user_message"] = s["user_message"].replace("{task.reason.text}", "{task.reason.text} (desk {task.desk[0]})")
+    return s
+
+
+def test_code_repairs_a_small_models_mechanical_slips_and_says_which():
+    from trace_rl.agents.env_builder import suggest_behaviour
+
+    slipped = _slipped()
+    assert len(spec_env.static_findings(slipped, TOOLS)) >= 6
+    suggestions = {t["function"]["name"]: suggest_behaviour(t["function"])[0] for t in TOOLS}
+    fixed, notes = spec_env.repair_spec(slipped, TOOLS, suggestions=suggestions)
+    assert spec_env.static_findings(fixed, TOOLS) == [] and slipped == _slipped()  # the input is left as it was
+    said = " | ".join(notes)
+    for part in ("a.0.b", "entities.reservation.fields.insurance", "entities.airport", "task.res -> task.reservation",
+                 "refunded_at", "tools.transfer_to_human_agents", "cancel_pending_order -> cancel_reservation",
+                 "reservation_id: filled by code"):
+        assert part in said, part
+    assert fixed["entities"]["reservation"]["fields"]["insurance"]["type"] == "choice"
+    assert set(fixed["entities"]["reservation"]["fields"]["insurance"]["values"]) >= {"yes"}  # a value the spec uses
+    assert list(fixed["entities"]).index("airport") < list(fixed["entities"]).index("reservation")  # generated first
+
+
+def test_what_code_cannot_decide_stays_a_finding_and_hostile_specs_are_left_alone():
+    s = copy.deepcopy(AIRLINE)
+    s["reference"][-1]["when"] = fact("refundable")  # a fact the builder never defined: its decision, not code's
+    fixed, notes = spec_env.repair_spec(s, TOOLS)
+    assert notes == [] and any("refundable" in f["detail"] for f in spec_env.static_findings(fixed, TOOLS))
+    for hostile in (None, [], "x", {"entities": "no"}, {"tools": {"a": 1}, "entities": {"e": {"fields": 3}}}):
+        out, _ = spec_env.repair_spec(hostile, TOOLS)
+        assert out == hostile or isinstance(out, dict)

@@ -331,7 +331,8 @@ def static_findings(spec, tools):
 
 class _Checker:
     def __init__(self, spec, tools):
-        self.spec, self.findings = spec, []
+        self.spec, self.findings, self.fixes = spec, [], []  # fixes: mechanical repairs (repair_spec)
+        self.current_entity = None
         self.target = {t["function"]["name"]: t for t in tools if isinstance(t, dict) and
                        isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)}
 
@@ -347,7 +348,9 @@ class _Checker:
             self.bad("schema", "max_steps", "must be in 1..50")
         self.entities, self.task, self.values = {}, {}, 0
         for name, ent in s.get("entities", {}).items():
+            self.current_entity = name
             self.entity(f"entities.{name}", name, ent)
+        self.current_entity = None
         if self.values > 2000:
             self.bad("limits", "entities", "over 2000 values in all (records x fields): make the state smaller")
         # task facts come before the tools (whose templates read the task) but may name tools
@@ -447,6 +450,7 @@ class _Checker:
         elif t == "date" and (not _iso_date(spec["start"]) or not 0 <= spec["days"] <= 3650):
             self.bad("schema", where, "start must be a date 'YYYY-MM-DD' and days in 0..3650")
         elif t in ("ref", "pick") and spec["entity"] not in self.entities:
+            self.fixes.append(("add_entity", spec["entity"], self.current_entity))
             self.bad("unknown_entity", f"{where}.entity", f"{spec['entity']!r} is not an entity defined before this "
                                                           f"(defined: {', '.join(self.entities) or 'none'})")
         elif t == "ref" and key_field(self.spec, spec["entity"]) is None:
@@ -461,6 +465,7 @@ class _Checker:
 
     def field_name(self, where, entity, field):
         if entity in self.entities and field not in self.entities[entity]:
+            self.fixes.append(("add_field", entity, field))
             self.bad("unknown_field", where, f"{entity!r} has no field {field!r} "
                                              f"(fields: {', '.join(self.entities[entity])})")
             return False
@@ -481,6 +486,7 @@ class _Checker:
         roots = {"task", "args", "record"} if tool["kind"] in ("update", "write") else {"task", "args"}
         entity = tool.get("entity")
         if entity is not None and entity not in self.entities:
+            self.fixes.append(("add_entity", entity, None))
             self.bad("unknown_entity", f"{where}.entity", f"{entity!r} is not an entity "
                                                           f"(entities: {', '.join(self.entities) or 'none'})")
             return
@@ -509,6 +515,13 @@ class _Checker:
                                                 f"(its arguments: {', '.join(props) or 'none'})")
 
     def exposed_tool(self, where, name):
+        if name not in self.exposed and isinstance(name, str):
+            if name in self.target:  # a target tool the spec forgot to expose
+                self.fixes.append(("expose_tool", name))
+            else:  # a tool of another domain (copied from the example): this one's tool with the same verb
+                same = [t for t in self.target if t.split("_")[0] == name.split("_")[0]]
+                if len(same) == 1:
+                    self.fixes.append(("rename_tool", name, same[0]))
         if name not in self.exposed:
             self.bad("unknown_tool", where, f"{name!r} is not an exposed tool (exposed: {', '.join(self.exposed)}): "
                                             "add it to tools or name one of those")
@@ -537,6 +550,9 @@ class _Checker:
         elif segs[0] == "record" and len(segs) > 1:
             self.field_name(where, self.exposed.get(tool, {}).get("entity"), segs[1])
         elif segs[0] == "task" and (len(segs) < 2 or segs[1] not in self.task):
+            near = _nearest(segs[1], self.task) if len(segs) > 1 else None
+            if near:
+                self.fixes.append(("rename_task", segs[1], near))
             self.bad("unknown_field", where, f"'{{{path}}}': the task has no {segs[1] if len(segs) > 1 else 'name'!r} "
                                              f"here (task so far: {', '.join(self.task) or 'none'})")
         elif segs[0] == "task" and len(segs) > 2:
@@ -603,6 +619,7 @@ class _Checker:
             elif self.exposed_tool(f"{where}.call", step["call"]):
                 params = self.target[step["call"]]["function"].get("parameters") or {}
                 for arg in [a for a in params.get("required", []) if a not in step.get("args", {})]:
+                    self.fixes.append(("fill_arg", i, arg))
                     self.bad("missing_argument", f"{where}.args", f"lacks {arg!r}, required by {step['call']!r}")
                 for arg, expr in step.get("args", {}).items():
                     self.arg_name(f"{where}.args.{arg}", step["call"], arg)
@@ -648,6 +665,182 @@ def _iso_date(text):
 
 
 # ---------------------------------------------------------------- checks that run the spec
+# ---------------------------------------------------------------- repairs (code does what a small model fumbles)
+_INDEX = re.compile(r"\[(\d+)\]")
+NUMERIC_WORDS = ("amount", "price", "total", "balance", "count", "cost", "fee", "refund", "number", "quantity",
+                 "nights", "baggages", "bags", "limit", "age", "passengers", "gb", "minutes", "days", "points")
+
+
+def _nearest(name, names):
+    """The one known name `name` abbreviates or misspells (res -> reservation), else None."""
+    import difflib
+
+    starts = [n for n in names if n.startswith(name) or name.startswith(n)]
+    if len(starts) == 1:
+        return starts[0]
+    close = difflib.get_close_matches(name, list(names), n=2, cutoff=0.75)
+    return close[0] if len(close) == 1 else None
+
+
+def _strings(x, fn):
+    """x with fn applied to every string in it."""
+    if isinstance(x, dict):
+        return {k: _strings(v, fn) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_strings(v, fn) for v in x]
+    return fn(x) if isinstance(x, str) else x
+
+
+def _values_used(spec, field):
+    """Literal values the spec itself gives `field` (in set / where / compare), for a choice field."""
+    out, stack = [], [spec]
+    while stack and len(out) < 8:
+        x = stack.pop()
+        if isinstance(x, dict):
+            v = x.get(field)
+            if isinstance(v, (str, int, float, bool)) and not (isinstance(v, str) and ("{" in v or v.strip(". ") == "")) \
+                    and v not in out:
+                out.append(v)
+            side, value = (x.get("left"), x.get("right")) if x.get("op") == "compare" else \
+                (x.get("path"), x.get("value")) if x.get("op") == "state_equals" else (None, None)
+            if isinstance(side, str) and side.rstrip("} ").endswith("." + field) and \
+                    isinstance(value, (str, int)) and value not in out:
+                out.append(value)
+            stack += list(x.values())
+        elif isinstance(x, list):
+            stack += x
+    return out
+
+
+def guess_field(field, spec):
+    """A field spec for a field the spec uses but never declared, from its name and the values the
+    spec itself gives it."""
+    low = field.lower()
+    if low == "id" or low.endswith("_id"):
+        return {"type": "id", "pattern": (low[:1] or "x").upper() + "{n:04d}"}
+    if "date" in low or low.endswith("_at"):
+        return {"type": "date", "start": "2024-05-01", "days": 60}
+    if low.startswith(("is_", "has_", "can_")):
+        return {"type": "bool", "p": 0.5}
+    if any(w in low for w in NUMERIC_WORDS):
+        return {"type": "int", "min": 0, "max": 500}
+    values = _values_used(spec, field)
+    if values and all(isinstance(v, bool) for v in values):
+        return {"type": "bool", "p": 0.5}
+    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return {"type": "int", "min": 0, "max": max(10, int(max(values)) * 2)}
+    values = [str(v) for v in values][:6]
+    return {"type": "choice", "values": values + [f"other_{field}"] if values else [f"{field}_{i}" for i in (1, 2, 3)]}
+
+
+def _apply(spec, fix, notes, suggestions):
+    kind = fix[0]
+    ents = spec.setdefault("entities", {})
+    if kind == "add_field":
+        _, entity, field = fix
+        fields = (ents.get(entity) or {}).get("fields")
+        if not isinstance(fields, dict) or field in fields or len(fields) >= MAX_FIELDS:
+            return False
+        fields[field] = guess_field(field, spec)
+        notes.append(f"entities.{entity}.fields.{field}: declared by code as {json.dumps(fields[field])}")
+        return True
+    if kind == "add_entity":
+        _, entity, before = fix
+        if entity in ents or not isinstance(entity, str) or not _PATH.fullmatch(entity) or len(ents) >= MAX_ENTITIES:
+            return False
+        new = {"count": [3, 6], "fields": {f"{entity}_id": guess_field(f"{entity}_id", spec)}}
+        order = list(ents.items())
+        at = next((i for i, (k, _) in enumerate(order) if k == before), len(order))
+        spec["entities"] = dict(order[:at] + [(entity, new)] + order[at:])
+        notes.append(f"entities.{entity}: declared by code (an id field only) for what refers to it")
+        return True
+    if kind == "rename_task":
+        _, old, new = fix
+        pat = re.compile(r"\btask\." + re.escape(old) + r"\b")
+        before = json.dumps(spec)
+        for k in list(spec):  # every string, the task's own values too, but not its names
+            if k == "task" and isinstance(spec[k], dict):
+                spec[k] = {name: _strings(v, lambda x: pat.sub("task." + new, x)) for name, v in spec[k].items()}
+            else:
+                spec[k] = _strings(spec[k], lambda x: pat.sub("task." + new, x))
+        if json.dumps(spec) == before:
+            return False
+        notes.append(f"task.{old} -> task.{new}: renamed by code (no task value {old!r}; {new!r} is)")
+        return True
+    if kind == "expose_tool" and fix[1] in suggestions and isinstance(spec.get("tools"), dict):
+        spec["tools"][fix[1]] = copy.deepcopy(suggestions[fix[1]])
+        notes.append(f"tools.{fix[1]}: exposed by code with its suggested behaviour (the spec calls it)")
+        return True
+    if kind == "rename_tool":
+        _, old, new = fix
+        calls = [x for x in _dicts(spec) if x.get("tool") == old or x.get("call") == old]
+        for x in calls:
+            x["tool" if x.get("tool") == old else "call"] = new
+        if calls:
+            notes.append(f"{old} -> {new}: renamed by code ({old!r} is not a tool of this target)")
+        return bool(calls)
+    if kind == "fill_arg":
+        _, i, arg = fix
+        step = (spec.get("reference") or [None] * (i + 1))[i]
+        source = _task_source(spec, arg)
+        if not isinstance(step, dict) or source is None:
+            return False
+        step.setdefault("args", {})[arg] = source
+        notes.append(f"reference[{i}].args.{arg}: filled by code with {source!r}")
+        return True
+    return False
+
+
+def _dicts(x):
+    """Every object inside x."""
+    stack = [x]
+    while stack:
+        y = stack.pop()
+        if isinstance(y, dict):
+            yield y
+            stack += list(y.values())
+        elif isinstance(y, list):
+            stack += y
+
+
+def _task_source(spec, arg):
+    """A task path that holds `arg`: a task value of that name, or that field of a picked record."""
+    task = spec.get("task") if isinstance(spec.get("task"), dict) else {}
+    if arg in task:
+        return "{task.%s}" % arg
+    ents = spec.get("entities") if isinstance(spec.get("entities"), dict) else {}
+    for name, var in task.items():
+        if isinstance(var, dict) and var.get("type") == "pick" and arg in ((ents.get(var.get("entity")) or {})
+                                                                          .get("fields") or {}):
+            return "{task.%s.%s}" % (name, arg)
+    return None
+
+
+def repair_spec(spec, tools, rounds=6, suggestions=None):
+    """(repaired copy, notes): what a small builder gets wrong mechanically, fixed by code and said:
+    index syntax `a[0].b`, fields used but never declared (typed from their name and the values the
+    spec gives them), entities referred to but never declared, a task value named by an
+    abbreviation, a target tool used but not exposed (`suggestions`: {tool: behaviour}, code's
+    guesses made on the host), another domain's tool where this one has one with the same verb, a
+    reference call's missing argument that a task value or picked record holds. Everything else
+    stays a finding for the builder."""
+    notes = []
+    if not isinstance(spec, dict):
+        return spec, notes
+    try:
+        fixed = _strings(copy.deepcopy(spec), lambda x: _INDEX.sub(r".\1", x))
+        if fixed != spec:
+            notes.append("paths written a[0].b now read a.0.b")
+        for _ in range(rounds):
+            checker = _Checker(fixed, tools)
+            checker.run()
+            if not [_apply(fixed, f, notes, suggestions or {}) for f in dict.fromkeys(checker.fixes)].count(True):
+                break
+        return fixed, notes
+    except Exception as err:  # a bug of ours: the spec as it was, and say so
+        return spec, [f"repairs skipped: {type(err).__name__}: {str(err)[:200]}"]
+
+
 def check_spec(spec, tools, seeds=range(5)):
     """Findings for the builder's next round (empty: the spec is sound). First the static checks
     (shape, limits, names of tools, entities, fields, arguments); then on each seed the reference
