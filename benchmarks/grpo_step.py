@@ -74,7 +74,8 @@ def main():
                 self.marks.append(time.perf_counter())
 
         timer = StepTimer()
-        with tempfile.TemporaryDirectory() as out, SyntheticBenchmark(code, seeds=range(50), pool_size=args.group) as b:
+        with tempfile.TemporaryDirectory() as out, SyntheticBenchmark(code, seeds=range(50), pool_size=args.group,
+                                                                               verified=True) as b:  # shipped
             g = Bench(model, tok, b, [str(s) for s in range(50)], Path(out), settings, name=f"bench-{name}")
             g.build().add_callback(timer)
             res = g.train()

@@ -46,9 +46,12 @@ class SyntheticBenchmark(Closing, Benchmark):
     sandbox pool. Use as a context manager (it owns containers)."""
 
     def __init__(self, code: str, name: str = "synthetic", seeds: range = range(100), pool_size: int = 2,
-                 hinted: bool = False, limits=None):
+                 hinted: bool = False, limits=None, verified: bool = False):
+        """`verified`: the code passed the Docker verifier (then a machine without Docker may run it
+        in the subprocess backend)."""
         self.name, self.seeds, self.hinted = name, seeds, hinted
-        self.pool = SessionPool(code, size=pool_size, limits=limits or SessionLimits())  # grows to the number of episodes alive at once
+        self.pool = SessionPool(code, size=pool_size, limits=limits or SessionLimits(),  # grows with episodes alive
+                                verified=verified)
 
     def splits(self) -> list[str]:
         return ["seeds"]

@@ -38,7 +38,7 @@ from trace_rl.sandbox.engine import DockerUnavailable, ensure_engine, ensure_ima
 
 
 class SandboxError(RuntimeError):
-    """kind: timeout | crashed | oom | protocol | output_limit | env_error | episode_timeout | contract"""
+    """kind: timeout | crashed | oom | protocol | output_limit | env_error | episode_timeout | contract | refused"""
 
     def __init__(self, kind: str, message: str, stderr: str = "", traceback: str = ""):
         super().__init__(f"[{kind}] {message}" + (f"\n--- stderr tail ---\n{stderr[-2000:]}" if stderr else ""))
@@ -467,9 +467,14 @@ def backend_name(backend: str | None = None) -> str:
 
 
 def open_session(limits: SessionLimits = SessionLimits(), backend: str | None = None,
-                 image: str | None = None) -> Sandbox:
-    """A started session on the chosen backend (`image`: the Docker image tag, when known)."""
+                 image: str | None = None, verified: bool = False) -> Sandbox:
+    """A started session on the chosen backend (`image`: the Docker image tag, when known).
+    `verified`: the code it will run has passed the Docker verifier; only then may the subprocess
+    backend (no isolation) run it. Model-written code nobody has verified runs in Docker or nowhere."""
     if backend_name(backend) == "subprocess":
+        if not verified:
+            raise SandboxError("refused", "the subprocess backend runs only environments verified in Docker: build "
+                               "and verify where Docker runs (unset TRACE_RL_SANDBOX there), then train here")
         return SubprocessSession(limits)
     return EnvSession(limits, image)
 
@@ -496,8 +501,8 @@ class SessionPool(Closing):
     pay 16 cold starts. A session that failed is replaced, never reused."""
 
     def __init__(self, code: str, size: int = 4, entry: str = "Env", limits: SessionLimits = SessionLimits(),
-                 backend: str | None = None):
-        self.code, self.entry, self.limits = code, entry, limits
+                 backend: str | None = None, verified: bool = False):
+        self.code, self.entry, self.limits, self.verified = code, entry, limits, verified
         self.backend = backend_name(backend)
         self.image = ensure_image(log=lambda *a: None) if self.backend == "docker" else None
         self._free: queue.LifoQueue[Sandbox] = queue.LifoQueue()  # the warmest first
@@ -507,7 +512,7 @@ class SessionPool(Closing):
             self._free.put(self._new())
 
     def _new(self) -> Sandbox:
-        s = open_session(self.limits, self.backend, image=self.image)
+        s = open_session(self.limits, self.backend, image=self.image, verified=self.verified)
         s.load(self.code, self.entry)
         with self._lock:
             self._all.append(s)

@@ -35,6 +35,17 @@ CAPABILITIES = [
 ]
 
 
+def round_summary(adir: Path) -> dict:
+    """One builder round: what code repaired, whether it verified, the findings that went back."""
+    read = lambda n: json.loads((adir / n).read_text()) if (adir / n).is_file() else None  # noqa: E731
+    report, error = read("verifier_report.json"), read("builder_error.json")
+    return {"round": adir.name, "repairs": len(read("repairs.json") or []),
+            "passed": bool(report and report["passed"]),
+            "findings": (report["feedback"].split("\nCode already fixed")[0][:800] if report else None)
+            if not (report and report["passed"]) else None,
+            "builder_error": error["error"][:300] if error else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -60,19 +71,18 @@ def main() -> None:
                          "review": not args.no_review,
                          "wall_seconds": round(time.perf_counter() - t0), "calls": u.calls,
                          "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                         "rounds_failed": [json.loads(p.read_text())["feedback"][:600] for p in
-                                           sorted((out / name).glob("attempt_*/verifier_report.json"))
-                                           if not json.loads(p.read_text())["passed"]]}
+                         "per_round": [round_summary(a) for a in sorted((out / name).glob("attempt_*"))]}
         atomic_write_json(out / "summary.json", summary)
         print(f"{name}: {record.status} after {record.rounds} round(s), {summary[name]['wall_seconds']} s")
-    rows = [f"| {n} | {s['target']} | {s['status']} | {s['rounds']} | {s['wall_seconds']} | "
+    rows = [f"| {n} | {s['target']} | {s['status']} | {s['rounds']} | "
+            f"{', '.join(str(r['repairs']) for r in s.get('per_round', []))} | {s['wall_seconds']} | "
             f"{s['prompt_tokens']}+{s['completion_tokens']} |" for n, s in summary.items()]
     atomic_write_text(out / "README.md", f"# Spec-mode builds with {args.model}\n\n"
                       f"`.venv/bin/python scripts/spec_builds.py --model {args.model} --out {out}` "
                       f"(up to {args.rounds} rounds; automatic checks in the Docker sandbox"
                       + ("" if args.no_review else " and the same model as LLM reviewer") + "; no calibration)"
-                      "\n\n| capability | target | outcome | rounds | wall s | "
-                      "tokens |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+                      "\n\n| capability | target | outcome | rounds | code repairs per round | wall s | "
+                      "tokens |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ def test_open_session_picks_the_backend(monkeypatch):
     assert backend_name() == "docker"
     monkeypatch.setenv("TRACE_RL_SANDBOX", "subprocess")
     assert backend_name() == "subprocess" and backend_name("docker") == "docker"
-    with open_session(LIMITS) as s:
+    with open_session(LIMITS, verified=True) as s:
         assert isinstance(s, SubprocessSession) and isinstance(s, Sandbox)
+    with pytest.raises(SandboxError, match="only environments verified in Docker"):
+        open_session(LIMITS)  # code nobody verified never runs unisolated
     monkeypatch.setenv("TRACE_RL_SANDBOX", "chroot")
     with pytest.raises(ValueError, match="TRACE_RL_SANDBOX"):
         backend_name()
@@ -70,7 +72,7 @@ def test_subprocess_backend_matches_docker_on_a_library_env(sandbox_image):
 
 @pytest.mark.docker
 @pytest.mark.parametrize("backend", ["docker", "subprocess"])
-def test_automatic_checks_pass_on_both_backends(sandbox_image, backend, monkeypatch):
+def test_the_verifier_runs_in_docker_and_refuses_the_subprocess_backend(sandbox_image, backend, monkeypatch):
     from trace_rl.agents.verifier import VerifyConfig, automatic_checks
     from trace_rl.sandbox import contract
 
@@ -79,13 +81,20 @@ def test_automatic_checks_pass_on_both_backends(sandbox_image, backend, monkeypa
         s.load(ENV)
         tools = contract.reset(s, 0)["tools"]
     findings, _ = automatic_checks(ENV, tools, VerifyConfig(seeds=8, determinism_seeds=2))
-    assert all(f.passed for f in findings), [f for f in findings if not f.passed]
+    if backend == "docker":
+        assert all(f.passed for f in findings), [f for f in findings if not f.passed]
+    else:  # the verifier is what makes code safe to run unisolated: it never runs unisolated itself
+        assert not all(f.passed for f in findings) and "verified in Docker" in str([f.detail for f in findings])
 
 
 def test_subprocess_round_trip_env_error_and_exec():
     with SubprocessSession(LIMITS) as s:
         s.load("class Env:\n    def ping(self, x):\n        print('noise')\n        return {'pong': x}\n")
-        assert s.call("ping", 3) == {"pong": 3} and "noise" in s.stderr
+        assert s.call("ping", 3) == {"pong": 3}
+        deadline = time.monotonic() + 5  # stderr is drained by a thread: it may land just after the reply
+        while "noise" not in s.stderr and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "noise" in s.stderr
         with pytest.raises(SandboxError) as info:
             s.call("missing")
         assert info.value.kind == "env_error" and "AttributeError" in str(info.value)
@@ -144,7 +153,7 @@ def test_subprocess_limits_output_memory_and_files():
 def test_subprocess_pool_replaces_dead_sessions(monkeypatch):
     monkeypatch.setenv("TRACE_RL_SANDBOX", "subprocess")
     code = "class Env:\n    def ping(self, x):\n        return x\n    def die(self):\n        import os; os._exit(3)\n"
-    with SessionPool(code, size=1, limits=LIMITS) as pool:
+    with SessionPool(code, size=1, limits=LIMITS, verified=True) as pool:
         assert pool.image is None
         a = pool.acquire()
         assert isinstance(a, SubprocessSession) and a.call("ping", 1) == 1

@@ -23,7 +23,8 @@ HELDOUT_START = 10**6  # held-out seeds start here: disjoint from the training s
 
 
 def env_benchmark(name: str, code: str, seeds: range) -> SyntheticBenchmark:
-    return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1)
+    """A capability's environment to train and measure on: one that was verified (or approved)."""
+    return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1, verified=True)
 
 
 def grpo(name: str, bench, task_ids: list[str], load_base: Callable[[], tuple], out: Path, settings: GRPOSettings,
