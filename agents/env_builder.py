@@ -181,18 +181,25 @@ def suggest_behaviour(fn: dict) -> tuple[dict, str | None, str | None]:
 
 def tool_suggestions(tools: list[dict]) -> tuple[str, str]:
     """The request's tool list (one line per tool, with the behaviour code suggests) and entity
-    skeletons for the entities those behaviours use (the key field an id of the entity)."""
-    lines, entities = [], {}
+    skeletons for the entities those behaviours use: keyed by the id argument that looks them up
+    (get_user_details(user_id)), with the other fields tools look them up by (email) after the key."""
+    lines, entities, lookups = [], {}, []
     for t in tools:
         fn = t["function"]
         behaviour, entity, key = suggest_behaviour(fn)
         args = ", ".join((fn.get("parameters") or {}).get("properties") or {})
         desc = (fn.get("description") or "").strip().split(chr(10))[0][:90]
         lines.append(f"- {fn['name']}({args}): {desc}\n    suggested: {json.dumps(behaviour)}")
-        if entity and key and entity not in entities:
-            prefix = entity[:1].upper()
-            entities[entity] = {"count": [3, 6], "fields": {key: {"type": "id", "pattern": prefix + "{n:04d}"}}}
-    return "\n".join(lines), json.dumps(entities)
+        if entity and key and "field" in behaviour:
+            lookups.append((entity, key))
+        elif entity and key:
+            entities.setdefault(entity, key)
+    skeletons = {e: {"count": [3, 6], "fields": {k: {"type": "id", "pattern": e[:1].upper() + "{n:04d}"}}}
+                 for e, k in entities.items()}
+    for entity, field in lookups:  # a lookup field: unique per record, after the key
+        fields = skeletons.setdefault(entity, {"count": [3, 6], "fields": {}})["fields"]
+        fields.setdefault(field, {"type": "id", "pattern": f"{field}_{{n:03d}}"})
+    return "\n".join(lines), json.dumps(skeletons)
 
 
 def spec_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,

@@ -278,7 +278,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
            web: bool = typer.Option(True, help="serve the approval page while waiting"),
            port: int = typer.Option(8765, help="approval page port"),
            set_: list[str] = typer.Option(None, "--set", help="change how this machine runs it (no result "
-                                                              "changes): serve=hf, base_url, *.concurrency, ...")):
+                                                              "changes): serve=hf, serve_rows, *.concurrency, ...")):
     """Continue a run from its last completed step (after a crash, a kill, an approval, or on another
     machine: `--set serve=hf` on a GPU machine, `--set serve=llama.cpp` back on a CPU one)."""
     from trace_rl.graph.config import deep_merge, load_config, stage_fingerprints
@@ -287,7 +287,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
         if stage_fingerprints(new) != stage_fingerprints(cfg):
-            _fail("resume --set may change only how the run is served (serve, base_url, concurrency, timeouts); "
+            _fail("resume --set may change only how the run is served (serve, serve_rows, concurrency, timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
         from trace_rl.graph.rundir import save_config
 

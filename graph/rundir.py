@@ -83,7 +83,7 @@ def pack(run_dir: Path, out_dir: Path, part_mb: int = 15) -> list[Path]:
     import io
     import tarfile
 
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    run_dir, out_dir = Path(run_dir).resolve(), Path(out_dir)  # resolved: `pack .` has a name too
     check_run_dir(run_dir)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

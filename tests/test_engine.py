@@ -163,3 +163,28 @@ def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok):
     assert fractions[0] < 0.99  # the adapters were really used
     compiled = Engine(moe, tok, rows=3, max_len=256, compile="inductor").generate(reqs)
     assert compiled == eager
+
+
+def test_a_group_of_identical_long_prompts_fits_by_what_it_really_feeds(model, tok):
+    """GRPO's group: one long prompt G times. Followers feed only their last token, so a cache
+    that holds the prompt once (not G times) is enough: no compaction, no reset, no splitting."""
+    eng = Engine(model, tok, rows=4, max_len=200)
+    ids = prompt(tok, "Paris Lima Oslo a b c d e " * 7)
+    assert 120 < len(ids) < 180, len(ids)
+    outs = eng.generate([Request(ids, 8, 0.0)] * 4)
+    assert eng.stats["compactions"] == 0 and eng.stats["prefill_tokens"] == len(ids) + 3
+    assert all(o == outs[0] for o in outs)
+    assert_greedy(model, ids, outs[0])
+
+
+def test_a_cache_that_cannot_grow_leaves_the_engine_as_it_was(model, tok, monkeypatch):
+    import trace_rl.training.engine as engine_mod
+
+    eng = Engine(model, tok, rows=2, max_len=64)
+    real = engine_mod.RowCache
+    monkeypatch.setattr(engine_mod, "RowCache", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no room")))
+    with pytest.raises(MemoryError):
+        eng.generate([Request(prompt(tok, "Paris Lima Oslo " * 8), 10)])
+    monkeypatch.setattr(engine_mod, "RowCache", real)
+    ids = prompt(tok, "Paris")
+    assert eng.max_len == 64 and eng.generate([Request(ids, 6)]) and eng.cache is not None

@@ -149,3 +149,6 @@ def test_code_suggests_a_behaviour_for_each_target_tool():
                                          {"function": fn("cancel_pending_order", "order_id", "reason")}])
     assert "suggested:" in lines and json.loads(skeletons) == {
         "order": {"count": [3, 6], "fields": {"order_id": {"type": "id", "pattern": "O{n:04d}"}}}}
+    _, skeletons = tool_suggestions([{"function": fn("find_user_id_by_email", "email")},  # listed first, as in retail
+                                     {"function": fn("get_user_details", "user_id")}])
+    assert list(json.loads(skeletons)["user"]["fields"]) == ["user_id", "email"]  # keyed by the id, then the lookup

@@ -547,8 +547,17 @@ def test_code_repairs_a_small_models_mechanical_slips_and_says_which():
                  "reservation_id: filled by code"):
         assert part in said, part
     assert fixed["entities"]["reservation"]["fields"]["insurance"]["type"] == "choice"
+    assert "(desk {task.desk.0})" in fixed["user_message"]
     assert set(fixed["entities"]["reservation"]["fields"]["insurance"]["values"]) >= {"yes"}  # a value the spec uses
     assert list(fixed["entities"]).index("airport") < list(fixed["entities"]).index("reservation")  # generated first
+
+
+def test_a_field_written_as_one_task_name_is_read_from_the_picked_record_and_text_keeps_brackets():
+    s = copy.deepcopy(AIRLINE)
+    s["user_message"] = "Cancel {task.reservation_id} please [1]."
+    fixed, notes = spec_env.repair_spec(s, TOOLS)
+    assert fixed["user_message"] == "Cancel {task.reservation.reservation_id} please [1]."
+    assert spec_env.static_findings(fixed, TOOLS) == [] and len(notes) == 1
 
 
 def test_what_code_cannot_decide_stays_a_finding_and_hostile_specs_are_left_alone():

@@ -31,6 +31,7 @@ import torch
 
 ATTENTION = "trace_rl_rows"  # the attention implementation registered below
 MIN_SHARED_PREFIX = 16
+SLACK = 8  # columns past max_len that only warm-up steps before a graph capture may write
 
 
 @dataclass
@@ -83,9 +84,9 @@ def _use_row_attention(model) -> None:
 
     AttentionInterface.register(ATTENTION, _row_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    for m in model.modules():
+    for m in model.modules():  # whatever it was (flash attention ignores a 4D mask): ours, SDPA underneath
         cfg = getattr(m, "config", None)
-        if cfg is not None and getattr(cfg, "_attn_implementation", None) in ("sdpa", "eager", None):
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTENTION
 
 
@@ -107,7 +108,7 @@ class RowCache:
     forward to some rows (prefill of new rows); decoding always runs every row."""
 
     def __init__(self, n_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int, dtype, device):
-        shape = (rows, kv_heads, max_len, head_dim)
+        shape = (rows, kv_heads, max_len + SLACK, head_dim)  # slack: a graph's warm-up steps write past the end
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.col = torch.zeros((), dtype=torch.long, device=device)  # the next column to write
@@ -123,7 +124,7 @@ class RowCache:
         else:
             k[self.select[:, None], :, cols[None, :]] = key.transpose(1, 2)
             v[self.select[:, None], :, cols[None, :]] = value.transpose(1, 2)
-            k, v = k[self.select], v[self.select]
+            return k[self.select, :, :self.upto], v[self.select, :, :self.upto]  # a copy: only what is read
         return (k, v) if self.upto is None else (k[:, :, :self.upto], v[:, :, :self.upto])
 
     def copy_columns(self, src: int, dst: int, upto: int) -> None:
@@ -193,11 +194,11 @@ class Engine:
 
     # -------------------------------------------------------------- bookkeeping
     def _allocate(self, max_len: int) -> None:
-        """The cache and column mask for `max_len` tokens per row; every row starts empty."""
-        self.cache = self.valid = None  # free the old ones first
-        self.max_len = max_len
-        self.cache = RowCache(*self._shape, max_len, self.dtype, self.device)
-        self.valid = torch.zeros(self.rows, max_len, dtype=torch.bool, device=self.device)  # a row's token columns
+        """The cache and column mask for `max_len` tokens per row; every row starts empty. If the
+        memory is not there, the engine keeps the cache it had (and the error goes to the caller)."""
+        cache = RowCache(*self._shape, max_len, self.dtype, self.device)
+        valid = torch.zeros(self.rows, max_len + SLACK, dtype=torch.bool, device=self.device)  # a row's token columns
+        self.cache, self.valid, self.max_len = cache, valid, max_len
         self._graph = self._compiled = None
         self.reset()
 
@@ -212,8 +213,8 @@ class Engine:
     def col(self) -> int:
         return int(self.cache.col)
 
-    def _assign(self, reqs: list[Request]) -> tuple[list[int], list[int]]:
-        """(row per request, followers). A request continues the row whose tokens it extends;
+    def _assign(self, reqs: list[Request]) -> tuple[list[int], dict[int, int]]:
+        """(row per request, {follower: tokens it shares with its leader}). A request continues the row whose tokens it extends;
         a new one takes the least recently used other row, started from the longest prefix
         another row holds. A new request that shares more with an earlier new request of this
         call (a GRPO group's identical prompts, a domain's system prompt) is a follower: its row
@@ -226,16 +227,17 @@ class Engine:
             if j is not None:
                 taken.add(j)
         free = sorted((j for j in range(self.rows) if j not in taken), key=lambda j: self.state[j].used)
-        leaders, followers = [], []
+        leaders, followers = [], {}  # follower -> tokens it will copy from its leader
         for i, j in enumerate(rows):
             if j is not None:
                 continue
             rows[i] = free.pop(0)
             own = max((_common_prefix(reqs[l].ids, reqs[i].ids) for l in leaders if reqs[l].tag == reqs[i].tag),
                       default=0)
+            own = min(own, len(reqs[i].ids) - 1)
             if own >= MIN_SHARED_PREFIX and own > self._donor(reqs[i], exclude=None)[1]:
                 self._clear_row(rows[i], reqs[i].tag)
-                followers.append(i)
+                followers[i] = own
             elif self._start_row(rows[i], reqs[i]) < MIN_SHARED_PREFIX:
                 leaders.append(i)
         return rows, followers
@@ -280,7 +282,7 @@ class Engine:
         width = int(counts.max()) if self.rows else 0
         order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :width]  # valid columns first
         self.cache.gather_columns(order)
-        self.valid.copy_(torch.arange(self.max_len, device=self.device)[None, :] < counts[:, None])  # in place:
+        self.valid.copy_(torch.arange(self.valid.shape[1], device=self.device)[None, :] < counts[:, None])  # in place:
         self.cache.col.fill_(width)  # a captured step keeps reading the same tensors
         self.stats["compactions"] += 1
 
@@ -308,7 +310,7 @@ class Engine:
         ids = torch.tensor([[self.pad] * (width - len(c)) + c for c in chunks], device=self.device)
         pos = self.n_real[sel, None] + real.long().cumsum(1) - 1
         step = max(16, self.prefill_tokens // len(rows))
-        cols = torch.arange(self.max_len, device=self.device)
+        cols = torch.arange(self.valid.shape[1], device=self.device)
         logits = None
         for a in range(0, width, step):
             b = min(width, a + step)
@@ -371,9 +373,10 @@ class Engine:
             torch.cuda.current_stream().wait_stream(s)
             for t, v in zip(self._graph_state(), saved):  # undo the warm-up steps
                 t.copy_(v)
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):  # records, runs nothing
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # records, runs nothing; kept only once it is whole
                 self._compiled()
+            self._graph = graph
         self._graph.replay()
 
     def _graph_state(self) -> list[torch.Tensor]:
@@ -393,7 +396,11 @@ class Engine:
             need = max(len(r.ids) + r.max_new for r in reqs)
             if need > self.max_len:  # a longer conversation than planned for: a larger cache, rows forgotten
                 self._allocate(min(self.limit, 1 << (need - 1).bit_length()))
-            return self._generate(reqs)
+            try:
+                return self._generate(reqs)
+            except BaseException:  # half-done bookkeeping must not leak into a later continuation
+                self.reset()
+                raise
 
     def _generate(self, reqs: list[Request]) -> list[list[int]]:
         if len(reqs) > self.rows:
@@ -402,7 +409,7 @@ class Engine:
             rows, followers = self._assign(reqs)
             first = [i for i in range(len(reqs)) if i not in followers]
             need = max(len(reqs[i].ids) - len(self.state[rows[i]].tokens) for i in first) \
-                + max((len(reqs[i].ids) for i in followers), default=0) + max(r.max_new for r in reqs)
+                + max((len(reqs[i].ids) - followers[i] for i in followers), default=0) + max(r.max_new for r in reqs)
             if self.col + need <= self.max_len:
                 break
             if attempt == 0:
@@ -420,8 +427,8 @@ class Engine:
         sel = torch.tensor(rows, device=self.device)
         self.tags[sel] = torch.tensor([r.tag for r in reqs], device=self.device)
         last: dict[int, torch.Tensor] = {}  # request -> logits after its last prompt token
-        for phase in (first, followers):
-            if phase is followers:
+        for phase in (first, list(followers)):
+            if phase and phase[0] in followers:
                 for i in phase:
                     self._start_row(rows[i], reqs[i])
             if phase:

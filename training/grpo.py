@@ -143,17 +143,23 @@ class TokenRollout:
         return False
 
     def run(self, generate: Generate, task_ids: list[str], hinted: list[bool]) -> list[TokenEpisode]:
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import ThreadPoolExecutor, wait
 
-        # environments step in threads: a user simulator behind a batching server answers them together
+        # environments step in threads (a user simulator behind a batching server answers them
+        # together); every thread finishes before an error goes up, and every started episode closes
         with ThreadPoolExecutor(max_workers=max(1, len(task_ids))) as pool:
-            pairs = list(pool.map(self._start, task_ids, hinted))
+            starts = [pool.submit(self._start, t, h) for t, h in zip(task_ids, hinted)]
+            wait(starts)
+            pairs = [f.result() for f in starts if f.exception() is None]
             try:
+                for f in starts:
+                    f.result()  # an episode that did not start: its error, once the others are closed
                 live = [(te, ep) for te, ep in pairs if not te.termination]
                 while live:
                     outs = generate([te.gen_prompt_ids + te.completion_ids for te, _ in live], self.s.max_turn_tokens)
-                    going = list(pool.map(lambda pair, new: self._turn(*pair, new), live, outs))
-                    live = [pair for pair, on in zip(live, going) if on]
+                    turns = [pool.submit(self._turn, te, ep, new) for (te, ep), new in zip(live, outs)]
+                    wait(turns)
+                    live = [pair for pair, f in zip(live, turns) if f.result()]
                 for te, ep in pairs:
                     score = ep.score(te.termination)
                     te.reward, te.success = float(score.reward), bool(score.passed)

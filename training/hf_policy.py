@@ -140,18 +140,21 @@ class HFPolicy:
         self.tag = tag or (lambda messages, tools: 0)
         self._engine, self._rows, self._max_len = engine, rows, max_len
         self._batcher = None
+        self._init_lock = threading.Lock()  # the first chats of an evaluation arrive together
 
     @property
     def batcher(self):
+        """The engine's batcher, made on first use (once, however many threads ask at once)."""
         from trace_rl.training.engine import Batcher, Engine
 
-        if self._batcher is None:
-            if self._engine is None:
-                cuda = next(self.model.parameters()).device.type == "cuda"
-                self._engine = Engine(self.model, self.tokenizer, rows=self._rows or (16 if cuda else 1),
-                                      max_len=self._max_len)
-            self._batcher = Batcher(self._engine)
-        return self._batcher
+        with self._init_lock:
+            if self._batcher is None:
+                if self._engine is None:
+                    cuda = next(self.model.parameters()).device.type == "cuda"
+                    self._engine = Engine(self.model, self.tokenizer, rows=self._rows or (16 if cuda else 1),
+                                          max_len=self._max_len)
+                self._batcher = Batcher(self._engine)
+            return self._batcher
 
     @classmethod
     def load(cls, model: str, adapter: str | None = None, device: str | None = None, dtype=None, **kw) -> "HFPolicy":

@@ -30,6 +30,7 @@ def make_handler(policy, name: str):
     from trace_rl.training.hf_policy import encode, render
 
     tok = policy.tokenizer
+    stops = set(policy.batcher.engine.stops.tolist())  # once, here: a host copy while a graph is captured breaks it
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -51,16 +52,20 @@ def make_handler(policy, name: str):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
         def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # read, whatever the route
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 return self._send(404, {"error": {"message": f"no route {self.path}"}})
             try:
-                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                req = json.loads(body or b"{}")
                 messages, tools = req["messages"], req.get("tools") or None
                 ids = encode(tok, render(tok, messages, tools, add_generation_prompt=True))
                 max_new = int(req.get("max_tokens") or req.get("max_completion_tokens") or 512)
                 temp = float(req.get("temperature") if req.get("temperature") is not None else 0.0)
-            except (ValueError, KeyError, TypeError) as err:
-                return self._send(400, {"error": {"message": f"bad request: {err}", "type": "invalid_request_error"}})
+                if max_new < 1 or not ids or temp < 0:
+                    raise ValueError("max_tokens must be >= 1, temperature >= 0, and the prompt not empty")
+            except Exception as err:  # malformed JSON, messages the template cannot render, bad numbers
+                return self._send(400, {"error": {"message": f"bad request: {type(err).__name__}: {err}",
+                                                  "type": "invalid_request_error"}})
             engine = policy.batcher.engine
             if len(ids) + max_new > engine.limit:
                 return self._send(400, {"error": {
@@ -74,7 +79,7 @@ def make_handler(policy, name: str):
                 return self._send(500, {"error": {"message": f"{type(err).__name__}: {err}"}})
             text = tok.decode(new, skip_special_tokens=True).strip()
             calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
-            stopped = bool(new) and new[-1] in engine.stops.tolist()
+            stopped = bool(new) and new[-1] in stops
             message = {"role": "assistant", "content": None if calls else text}
             if calls:
                 message["tool_calls"] = [c.to_openai() for c in calls]

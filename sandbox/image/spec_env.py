@@ -550,9 +550,14 @@ class _Checker:
         elif segs[0] == "record" and len(segs) > 1:
             self.field_name(where, self.exposed.get(tool, {}).get("entity"), segs[1])
         elif segs[0] == "task" and (len(segs) < 2 or segs[1] not in self.task):
-            near = _nearest(segs[1], self.task) if len(segs) > 1 else None
-            if near:
-                self.fixes.append(("rename_task", segs[1], near))
+            name = segs[1] if len(segs) > 1 else ""
+            # task.reservation_id: the picked reservation's field `reservation_id` (or `id`)
+            picked = next((f"{n}.{f}" for n, v in self.task.items() if name.startswith(n + "_")
+                           and v.get("type") == "pick" for f in (name, name[len(n) + 1:])
+                           if f in self.entities.get(v.get("entity"), {})), None)
+            near = None if not name or name in (self.spec.get("task") or {}) else picked or _nearest(name, self.task)
+            if near:  # task.reservation_id -> task.reservation.reservation_id; task.res -> task.reservation
+                self.fixes.append(("rename_task", name, near))
             self.bad("unknown_field", where, f"'{{{path}}}': the task has no {segs[1] if len(segs) > 1 else 'name'!r} "
                                              f"here (task so far: {', '.join(self.task) or 'none'})")
         elif segs[0] == "task" and len(segs) > 2:
@@ -672,10 +677,10 @@ NUMERIC_WORDS = ("amount", "price", "total", "balance", "count", "cost", "fee", 
 
 
 def _nearest(name, names):
-    """The one known name `name` abbreviates or misspells (res -> reservation), else None."""
+    """The one known name that `name` abbreviates or misspells (res -> reservation), else None."""
     import difflib
 
-    starts = [n for n in names if n.startswith(name) or name.startswith(n)]
+    starts = [n for n in names if n.startswith(name)]
     if len(starts) == 1:
         return starts[0]
     close = difflib.get_close_matches(name, list(names), n=2, cutoff=0.75)
@@ -689,6 +694,19 @@ def _strings(x, fn):
     if isinstance(x, list):
         return [_strings(v, fn) for v in x]
     return fn(x) if isinstance(x, str) else x
+
+
+def _index_paths(x, key=None):
+    """`a[0].b` -> `a.0.b` inside template slots and path fields only (text keeps its brackets)."""
+    if isinstance(x, dict):
+        return {k: _index_paths(v, k) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_index_paths(v) for v in x]
+    if not isinstance(x, str):
+        return x
+    if key == "path":
+        return _INDEX.sub(r".\1", x)
+    return re.sub(r"\{[^{}]*\}", lambda m: _INDEX.sub(r".\1", m.group(0)), x)
 
 
 def _values_used(spec, field):
@@ -828,7 +846,7 @@ def repair_spec(spec, tools, rounds=6, suggestions=None):
     if not isinstance(spec, dict):
         return spec, notes
     try:
-        fixed = _strings(copy.deepcopy(spec), lambda x: _INDEX.sub(r".\1", x))
+        fixed = _index_paths(copy.deepcopy(spec))
         if fixed != spec:
             notes.append("paths written a[0].b now read a.0.b")
         for _ in range(rounds):
