@@ -221,8 +221,9 @@ def spec_messages(capability: dict, target: Target, examples: list[str], feedbac
 
 def write_spec(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
                attempts: int = 2) -> dict:
-    """The builder's spec, decoded under EnvSpec's JSON schema (llama.cpp's grammar); tool names
-    it made up go straight back to it. Everything else is checked in the sandbox (check_spec)."""
+    """The builder's spec, decoded under EnvSpec's JSON schema (llama.cpp's grammar); a spec with
+    no tool of the target goes straight back to it. Everything else is repaired or checked in the
+    sandbox (repair_spec, check_spec)."""
     from trace_rl.core.llm import StructuredOutputError
 
     names = sorted(t["function"]["name"] for t in target.tools)
@@ -230,10 +231,10 @@ def write_spec(llm, capability: dict, target: Target, examples: list[str], feedb
     def known_tools(spec: EnvSpec) -> dict:
         # the request lists tools as `name(arguments)`; the 1.5B copied that form as the name: code strips it
         spec.tools = {n.split("(")[0].strip(): v for n, v in spec.tools.items()}
-        unknown = [n for n in spec.tools if n not in names]
-        if unknown:
-            raise ValueError(f"tools: {unknown} are not tools of {target.name}; choose from {', '.join(names)}")
-        return spec.to_spec()
+        if not any(n in names for n in spec.tools):  # some other domain's tools only: nothing to repair from
+            raise ValueError(f"tools: {sorted(spec.tools)} are not tools of {target.name}; choose from "
+                             f"{', '.join(names)}")
+        return spec.to_spec()  # another domain's tool next to real ones: code drops it in the sandbox
     try:
         return llm.structured(spec_messages(capability, target, examples, feedback, previous), EnvSpec, attempts,
                               check=known_tools,  # a bad spec costs a round, which has findings to fix

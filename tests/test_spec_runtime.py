@@ -527,7 +527,8 @@ def _slipped():
     s["tools"]["cancel_reservation"]["set"]["refunded_at"] = "{args.reservation_id}"  # an undeclared field set
     del s["tools"]["transfer_to_human_agents"]  # called by the reference, not exposed
     step = next(x for x in s["reference"] if x.get("call") == "cancel_reservation")
-    step["call"], step["args"] = "cancel_pending_order", {}  # retail's tool (the example's), no argument
+    step["call"], step["args"] = "cancel_pending_order", {"reason": "x"}  # retail's tool and argument, not its id
+    s["tools"]["find_user_id_by_email"] = {"kind": "read", "entity": "user", "arg": "email"}  # retail's tool
     s["task"]["desk"] = {"type": "const", "value": ["A1", "B2"]}
     s["user_message"] = s["user_message"].replace("{task.reason.text}", "{task.reason.text} (desk {task.desk[0]})")
     return s
@@ -544,7 +545,7 @@ def test_code_repairs_a_small_models_mechanical_slips_and_says_which():
     said = " | ".join(notes)
     for part in ("a.0.b", "entities.reservation.fields.insurance", "entities.airport", "task.res -> task.reservation",
                  "refunded_at", "tools.transfer_to_human_agents", "cancel_pending_order -> cancel_reservation",
-                 "reservation_id: filled by code"):
+                 "reservation_id: filled by code", "reason=...): dropped", "tools.find_user_id_by_email: dropped"):
         assert part in said, part
     assert fixed["entities"]["reservation"]["fields"]["insurance"]["type"] == "choice"
     assert "(desk {task.desk.0})" in fixed["user_message"]

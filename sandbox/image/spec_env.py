@@ -473,6 +473,8 @@ class _Checker:
 
     def tool(self, where, name, tool):
         if name not in self.target:
+            if any(n in self.target for n in self.spec.get("tools", {})):
+                self.fixes.append(("drop_tool", name))
             self.bad("unknown_tool", where, f"{name!r} is not one of the target's tools "
                                             f"(target's: {', '.join(sorted(self.target))})")
             return
@@ -511,6 +513,7 @@ class _Checker:
     def arg_name(self, where, tool, arg):
         props = (self.target[tool]["function"].get("parameters") or {}).get("properties") or {}
         if arg not in props:
+            self.fixes.append(("drop_arg", tool, arg))
             self.bad("unknown_argument", where, f"{tool!r} takes no argument {arg!r} "
                                                 f"(its arguments: {', '.join(props) or 'none'})")
 
@@ -796,6 +799,19 @@ def _apply(spec, fix, notes, suggestions):
             x["tool" if x.get("tool") == old else "call"] = new
         if calls:
             notes.append(f"{old} -> {new}: renamed by code ({old!r} is not a tool of this target)")
+        return bool(calls)
+    if kind == "drop_tool" and isinstance(spec.get("tools"), dict) and fix[1] in spec["tools"]:
+        del spec["tools"][fix[1]]
+        notes.append(f"tools.{fix[1]}: dropped by code (not a tool of this target)")
+        return True
+    if kind == "drop_arg":
+        _, tool, arg = fix
+        calls = [x for x in _dicts(spec) if (x.get("call") == tool or x.get("tool") == tool)
+                 and isinstance(x.get("args"), dict) and arg in x["args"]]
+        for x in calls:
+            del x["args"][arg]
+        if calls:
+            notes.append(f"{tool}(..., {arg}=...): dropped by code ({tool!r} takes no argument {arg!r})")
         return bool(calls)
     if kind == "fill_arg":
         _, i, arg = fix
