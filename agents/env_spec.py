@@ -249,36 +249,36 @@ def render_module(spec: dict, target_tools: list[dict], policy: str = "") -> str
             "    POLICY = POLICY\n")
 
 
-def repair_in_sandbox(spec: dict, target_tools: list[dict], suggestions: dict, limits=None) -> tuple[dict, list[str]]:
-    """spec_env.repair_spec run inside a sandbox (the spec is hostile data: its size and depth are
-    handled there): (repaired spec, notes), or the spec as it was and a note saying why."""
-    from trace_rl.sandbox.session import SandboxError, SessionLimits, open_session
+def _in_sandbox(call: str, *args):
+    """`spec_env.<call>(*args)` run inside a sandbox (a spec is hostile data: its size, depth and
+    loops are handled there); its JSON result. Raises SandboxError, or ValueError/TypeError when the
+    arguments are no JSON."""
+    from trace_rl.sandbox.session import SessionLimits, open_session
+
+    payload = json.dumps(list(args))
+    snippet = f"import json, spec_env\nprint(json.dumps(spec_env.{call}(*json.loads({payload!r}))))\n"
+    with open_session(SessionLimits()) as session:
+        return json.loads(session.exec(snippet, timeout=60))
+
+
+def repair_in_sandbox(spec: dict, target_tools: list[dict], suggestions: dict) -> tuple[dict, list[str]]:
+    """spec_env.repair_spec in a sandbox: (repaired spec, notes), or the spec as it was and a note why."""
+    from trace_rl.sandbox.session import SandboxError
 
     try:
-        payload = json.dumps([spec, target_tools, suggestions])
-        snippet = ("import json, spec_env\n"
-                   f"spec, tools, sugg = json.loads({payload!r})\n"
-                   "print(json.dumps(spec_env.repair_spec(spec, tools, suggestions=sugg)))\n")
-        with open_session(limits or SessionLimits()) as session:
-            fixed, notes = json.loads(session.exec(snippet, timeout=60))
+        fixed, notes = _in_sandbox("repair_spec", spec, target_tools, 6, suggestions)
         return (fixed, [str(n) for n in notes]) if isinstance(fixed, dict) else (spec, [])
     except (SandboxError, TypeError, ValueError) as err:
         return spec, [f"repairs did not run: {str(err)[:300]}"]
 
 
-def check_in_sandbox(spec: dict, target_tools: list[dict], seeds: int = 5, limits=None) -> list[dict]:
-    """spec_env.check_spec run inside a sandbox: the findings, or one finding saying why none came."""
-    from trace_rl.sandbox.session import SandboxError, SessionLimits, open_session
+def check_in_sandbox(spec: dict, target_tools: list[dict]) -> list[dict]:
+    """spec_env.check_spec in a sandbox (5 seeds): the findings, or one finding saying why none came."""
+    from trace_rl.sandbox.session import SandboxError
 
     try:
-        payload = json.dumps([spec, target_tools])
+        return _in_sandbox("check_spec", spec, target_tools)
     except (TypeError, ValueError) as err:
-        return [{"check": "schema", "passed": False, "detail": f"spec: not JSON ({err})"}]
-    snippet = ("import json, spec_env\n"
-               f"spec, tools = json.loads({payload!r})\n"
-               f"print(json.dumps(spec_env.check_spec(spec, tools, range({int(seeds)}))))\n")
-    try:
-        with open_session(limits or SessionLimits()) as session:
-            return json.loads(session.exec(snippet, timeout=60))
-    except (SandboxError, ValueError) as err:
+        return [{"check": "schema", "passed": False, "detail": f"spec: not JSON or no answer ({str(err)[:300]})"}]
+    except SandboxError as err:
         return [{"check": "sandbox", "passed": False, "detail": f"spec: the checks did not run: {str(err)[:500]}"}]

@@ -88,7 +88,7 @@ class Composition:
         self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
         self.router = ClassifierRouter(moe, tokenizer, capabilities)
         self.max_new_tokens = max_new_tokens
-        self.routes: dict[str, int] = {}  # conversation -> chosen slot (router mode), for the report
+        self.routes: dict[str, int] = {}  # conversation -> chosen slot (router mode): chosen once
         cuda = next(moe.parameters()).device.type == "cuda"
         # one engine for every mode: a row's tag is its slot (0 base, k adapter k, -1 the learned gates)
         self.engine = Engine(moe.model, tokenizer, rows=rows or (16 if cuda else 1), max_len=max_len,

@@ -235,18 +235,18 @@ class Engine:
             own = max((_common_prefix(reqs[l].ids, reqs[i].ids) for l in leaders if reqs[l].tag == reqs[i].tag),
                       default=0)
             own = min(own, len(reqs[i].ids) - 1)
-            if own >= MIN_SHARED_PREFIX and own > self._donor(reqs[i], exclude=None)[1]:
+            if own >= MIN_SHARED_PREFIX and own > self._donor(reqs[i])[1]:
                 self._clear_row(rows[i], reqs[i].tag)
                 followers[i] = own
             elif self._start_row(rows[i], reqs[i]) < MIN_SHARED_PREFIX:
                 leaders.append(i)
         return rows, followers
 
-    def _donor(self, req: Request, exclude: int | None) -> tuple[int | None, int]:
+    def _donor(self, req: Request) -> tuple[int | None, int]:
         """(row, tokens): the row holding the longest prefix of `req` (one token is left to feed)."""
         best, n = None, 0
         for j, s in enumerate(self.state):
-            if j != exclude and s.tokens and s.tag == req.tag:
+            if s.tokens and s.tag == req.tag:
                 m = min(_common_prefix(s.tokens, req.ids), len(req.ids) - 1)
                 if m > n:
                     best, n = j, m
@@ -260,7 +260,7 @@ class Engine:
     def _start_row(self, row: int, req: Request) -> int:
         """Start `row` for `req` from the longest prefix of `req` any row holds (the row's own
         content included: a conversation whose last turn re-renders differently keeps the rest)."""
-        best, n = self._donor(req, exclude=None)
+        best, n = self._donor(req)
         if best is None or n < MIN_SHARED_PREFIX:
             self._clear_row(row, req.tag)
             return 0

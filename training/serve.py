@@ -94,13 +94,13 @@ def make_handler(policy, name: str):
     return Handler
 
 
-def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | None = None, max_len: int = 16384,
-          alias: str | None = None) -> None:
+def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | None = None,
+          max_len: int = 16384) -> None:
     """Load `model` (embedded name, .gguf, or transformers folder) and serve it until killed."""
     from trace_rl.training.hf_policy import HFPolicy
 
     policy = HFPolicy.load(model, rows=rows, max_len=max_len)
-    name = alias or Path(model).stem
+    name = Path(model).stem
     server = ThreadingHTTPServer((host, port), make_handler(policy, name))
     server.daemon_threads = True
     print(f"serving {name} on http://{host}:{port}/v1 (engine rows={policy.batcher.engine.rows})", flush=True)

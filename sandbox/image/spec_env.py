@@ -672,7 +672,6 @@ def _iso_date(text):
         return False
 
 
-# ---------------------------------------------------------------- checks that run the spec
 # ---------------------------------------------------------------- repairs (code does what a small model fumbles)
 _INDEX = re.compile(r"\[(\d+)\]")
 NUMERIC_WORDS = ("amount", "price", "total", "balance", "count", "cost", "fee", "refund", "number", "quantity",
@@ -875,6 +874,7 @@ def repair_spec(spec, tools, rounds=6, suggestions=None):
         return spec, [f"repairs skipped: {type(err).__name__}: {str(err)[:200]}"]
 
 
+# ---------------------------------------------------------------- checks that run the spec
 def check_spec(spec, tools, seeds=range(5)):
     """Findings for the builder's next round (empty: the spec is sound). First the static checks
     (shape, limits, names of tools, entities, fields, arguments); then on each seed the reference
