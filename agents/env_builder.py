@@ -127,15 +127,42 @@ def builder_mode(mode: str, llm) -> str:
     return "code" if getattr(getattr(llm, "config", None), "base_url", None) else "spec"
 
 
+def starter_spec(tools: list[dict], name: str = "") -> dict:
+    """A minimal valid spec that code writes on the target's own tools (look a record up by its id,
+    tell the user its status), for the builder to extend. A worked example from another domain made
+    the 1.5B copy that domain's tools, ids and facts (docs/examples/spec-build)."""
+    for t in tools:
+        behaviour, entity, key = suggest_behaviour(t["function"])
+        if behaviour["kind"] == "read" and "field" not in behaviour:
+            tool, arg = t["function"]["name"], behaviour["arg"]
+            break
+    else:
+        raise ValueError("the target has no tool that reads a record by its id: write the example by hand")
+    rid, status = f"{{task.{entity}.{key}}}", f"{{task.{entity}.status}}"
+    return {"name": name, "entities": {entity: {"count": [3, 6], "fields": {
+                key: {"type": "id", "pattern": entity[:1].upper() + "{n:04d}"},
+                "status": {"type": "choice", "values": ["active", "pending", "cancelled"]}}}},
+            "task": {entity: {"type": "pick", "entity": entity}},
+            "tools": {tool: behaviour},
+            "system_prompt": "Help the user with the tools; check records before you answer.",
+            "user_message": f"What is the status of {rid}?",
+            "reference": [{"call": tool, "args": {arg: rid}}, {"reply": f"It is {status}."}],
+            "reward": [{"name": "looked_up", "weight": 0.5, "pred": {"op": "called", "tool": tool, "args": {arg: rid}}},
+                       {"name": "told", "weight": 0.5, "pred": {"op": "reply_contains", "text": status}}]}
+
+
 def spec_example(capability: str = "", target: str = "") -> str:
-    """The worked example the builder sees: a verified spec shipped in sandbox/envs/ (one top-level
-    key per line), never one for the capability being built, and from another domain when there is one."""
+    """A verified spec shipped in sandbox/envs/ (one top-level key per line), never one for the
+    capability being built, and from another domain when there is one (tests use it)."""
     root = resources.files("trace_rl.sandbox") / "envs"
     domain = target.split(":")[-1].split("@")[0]
     names = sorted(p.name[: -len(".spec.json")] for p in root.iterdir() if p.name.endswith(".spec.json"))
     others = [n for n in names if not n.startswith(capability + "_")] if capability else names
     name = next((n for n in others if not n.endswith("_" + domain)), others[0])
-    spec = json.loads((root / f"{name}.spec.json").read_text())
+    return one_key_per_line(json.loads((root / f"{name}.spec.json").read_text()))
+
+
+def one_key_per_line(spec: dict) -> str:
     return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in spec.items()) + "\n}"
 
 
@@ -215,7 +242,8 @@ def spec_messages(capability: dict, target: Target, examples: list[str], feedbac
     if previous is not None:  # findings last, nearest the answer: small models otherwise echo the old spec
         user += (f"\n\n# Your previous spec\n{previous}\n# What the checks found in it (fix every one)\n{feedback}"
                  "\nWrite the corrected spec. Do not send the previous one again unchanged.")
-    system = prompts.load("env_builder_spec", format=spec_format(), example=spec_example(capability["name"], target.name))
+    system = prompts.load("env_builder_spec", format=spec_format(),
+                          example=one_key_per_line(starter_spec(target.tools, capability["name"])))
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,22 @@ def test_code_suggests_a_behaviour_for_each_target_tool():
     _, skeletons = tool_suggestions([{"function": fn("find_user_id_by_email", "email")},  # listed first, as in retail
                                      {"function": fn("get_user_details", "user_id")}])
     assert list(json.loads(skeletons)["user"]["fields"]) == ["user_id", "email"]  # keyed by the id, then the lookup
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_the_starter_spec_code_writes_is_valid_on_each_target(domain):
+    """The builder's example is written by code on the target's own tools, and passes every check."""
+    import sys
+
+    from trace_rl.agents.env_builder import starter_spec
+    from trace_rl.core import reward
+    from trace_rl.evals.benchmark import load_benchmark
+
+    sys.modules.setdefault("reward", reward)
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox" / "image"))
+    import spec_env
+
+    tools = load_benchmark(f"tau2:{domain}").spec()["tools"]
+    spec = starter_spec(tools, "x")
+    assert set(spec["tools"]) <= {t["function"]["name"] for t in tools}
+    assert spec_env.check_spec(spec, tools) == []
