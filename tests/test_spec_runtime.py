@@ -561,6 +561,19 @@ def test_a_field_written_as_one_task_name_is_read_from_the_picked_record_and_tex
     assert spec_env.static_findings(fixed, TOOLS) == [] and len(notes) == 1
 
 
+def test_a_spec_that_exposes_every_tool_keeps_those_it_uses_and_a_few_others():
+    from trace_rl.evals.benchmark import load_benchmark
+
+    tools = load_benchmark("tau2:airline").spec()["tools"]
+    s = copy.deepcopy(AIRLINE)
+    for t in tools:  # every airline tool, as the 1.5B exposed all 14
+        s["tools"].setdefault(t["function"]["name"], {"kind": "const", "result": "ok"})
+    assert len(s["tools"]) > spec_env.EXPOSED_TOOLS
+    fixed, notes = spec_env.repair_spec(s, tools)
+    assert set(AIRLINE["tools"]) <= set(fixed["tools"]) and len(fixed["tools"]) == spec_env.EXPOSED_TOOLS
+    assert spec_env.check_spec(fixed, tools) == [] and "kept 5" in notes[-1]
+
+
 def test_what_code_cannot_decide_stays_a_finding_and_hostile_specs_are_left_alone():
     s = copy.deepcopy(AIRLINE)
     s["reference"][-1]["when"] = fact("refundable")  # a fact the builder never defined: its decision, not code's

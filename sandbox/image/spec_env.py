@@ -824,6 +824,25 @@ def _apply(spec, fix, notes, suggestions):
     return False
 
 
+EXPOSED_TOOLS = 5  # an env trains with a few of the target's tools (the verifier allows 1 to 8)
+
+
+def _trim_tools(spec, notes):
+    """Exposing every tool of the target (the 1.5B did) makes an env the verifier refuses: keep the
+    tools the reference, reward, task and guards use, and others up to EXPOSED_TOOLS (distractors)."""
+    exposed = spec.get("tools")
+    if not isinstance(exposed, dict) or len(exposed) <= EXPOSED_TOOLS:
+        return
+    used = {x.get("call") for x in _dicts(spec.get("reference"))} | {
+        x.get("tool") for part in ("reward", "task", "tools") for x in _dicts(spec.get(part))}
+    keep = [n for n in exposed if n in used]
+    keep += [n for n in exposed if n not in used][:max(0, EXPOSED_TOOLS - len(keep))]
+    if len(keep) < len(exposed):
+        notes.append(f"tools: {len(exposed)} exposed, kept {len(keep)} ({', '.join(keep)}): those the spec uses "
+                     f"and others up to {EXPOSED_TOOLS}")
+        spec["tools"] = {n: v for n, v in exposed.items() if n in keep}
+
+
 def _dicts(x):
     """Every object inside x."""
     stack = [x]
@@ -869,6 +888,7 @@ def repair_spec(spec, tools, rounds=6, suggestions=None):
             checker.run()
             if not [_apply(fixed, f, notes, suggestions or {}) for f in dict.fromkeys(checker.fixes)].count(True):
                 break
+        _trim_tools(fixed, notes)
         return fixed, notes
     except Exception as err:  # a bug of ours: the spec as it was, and say so
         return spec, [f"repairs skipped: {type(err).__name__}: {str(err)[:200]}"]
