@@ -393,6 +393,7 @@ class CapabilityGRPO:
             tmp.rename(adapter)
             plot_curve(log, curve, f"GRPO: {self.name}")
             atomic_write_json(self.out / "train_log.json", log)  # last: it marks the training finished
+        trainer.accelerator.wait_for_everyone()  # every rank returns once the adapter is on disk
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 
 
