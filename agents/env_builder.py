@@ -129,7 +129,7 @@ def builder_mode(mode: str, llm) -> str:
 
 def starter_spec(tools: list[dict], name: str = "") -> dict:
     """A minimal valid spec that code writes on the target's own tools (look a record up by its id,
-    tell the user its status), for the builder to extend. A worked example from another domain made
+    tell the user a code only the record holds), for the builder to extend. A worked example from another domain made
     the 1.5B copy that domain's tools, ids and facts (docs/examples/spec-build)."""
     for t in tools:
         behaviour, entity, key = suggest_behaviour(t["function"])
@@ -138,17 +138,19 @@ def starter_spec(tools: list[dict], name: str = "") -> dict:
             break
     else:
         raise ValueError("the target has no tool that reads a record by its id: write the example by hand")
-    rid, status = f"{{task.{entity}.{key}}}", f"{{task.{entity}.status}}"
+    # the answer is a value only the tool reveals: a word like "cancelled" is in the target's policy,
+    # which the verifier's echo policy repeats (an answer leak)
+    rid, code = f"{{task.{entity}.{key}}}", f"{{task.{entity}.reference_code}}"
     return {"name": name, "entities": {entity: {"count": [3, 6], "fields": {
                 key: {"type": "id", "pattern": entity[:1].upper() + "{n:04d}"},
-                "status": {"type": "choice", "values": ["active", "pending", "cancelled"]}}}},
+                "reference_code": {"type": "id", "pattern": "RC{n:05d}"}}}},
             "task": {entity: {"type": "pick", "entity": entity}},
             "tools": {tool: behaviour},
             "system_prompt": "Help the user with the tools; check records before you answer.",
-            "user_message": f"What is the status of {rid}?",
-            "reference": [{"call": tool, "args": {arg: rid}}, {"reply": f"It is {status}."}],
+            "user_message": f"What is the reference code of {rid}?",
+            "reference": [{"call": tool, "args": {arg: rid}}, {"reply": f"It is {code}."}],
             "reward": [{"name": "looked_up", "weight": 0.5, "pred": {"op": "called", "tool": tool, "args": {arg: rid}}},
-                       {"name": "told", "weight": 0.5, "pred": {"op": "reply_contains", "text": status}}]}
+                       {"name": "told", "weight": 0.5, "pred": {"op": "reply_contains", "text": code}}]}
 
 
 def spec_example(capability: str = "", target: str = "") -> str:

@@ -155,9 +155,14 @@ def test_code_suggests_a_behaviour_for_each_target_tool():
     assert list(json.loads(skeletons)["user"]["fields"]) == ["user_id", "email"]  # keyed by the id, then the lookup
 
 
+@pytest.mark.docker
 @pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
-def test_the_starter_spec_code_writes_is_valid_on_each_target(domain):
-    """The builder's example is written by code on the target's own tools, and passes every check."""
+def test_the_starter_spec_code_writes_is_valid_on_each_target(domain, sandbox_image):
+    """The builder's example is written by code on the target's own tools and passes every check:
+    the spec's own and the verifier's automatic ones in the sandbox (the target's policy in the
+    prompt included: a status word there made the first starter leak its answer)."""
+    from trace_rl.agents.env_spec import render_module
+    from trace_rl.agents.verifier import VerifyConfig, automatic_checks
     import sys
 
     from trace_rl.agents.env_builder import starter_spec
@@ -168,7 +173,11 @@ def test_the_starter_spec_code_writes_is_valid_on_each_target(domain):
     sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox" / "image"))
     import spec_env
 
-    tools = load_benchmark(f"tau2:{domain}").spec()["tools"]
+    target = load_benchmark(f"tau2:{domain}").spec()
+    tools = target["tools"]
     spec = starter_spec(tools, "x")
     assert set(spec["tools"]) <= {t["function"]["name"] for t in tools}
     assert spec_env.check_spec(spec, tools) == []
+    findings, _ = automatic_checks(render_module(spec, tools, target["policy"]), tools,
+                                   VerifyConfig(seeds=12, determinism_seeds=2))
+    assert all(f.passed for f in findings), [f for f in findings if not f.passed]
