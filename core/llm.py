@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from trace_rl.core.episode import tool_arguments
 
@@ -181,20 +181,49 @@ def parse_tool_calls(text: str, names: set[str] | None = None) -> list[ToolCall]
     return calls
 
 
+def quote_inner_quotes(text: str) -> str:
+    """A small model's JSON with quotes inside a string ("calls "enable_roaming" twice") or raw
+    newlines in one, made parseable: inside a string, a quote closes it only when a `,` `:` `}` `]`
+    or the end follows; any other is escaped. Used only after a strict parse failed."""
+    out, in_str, i, n = [], False, 0, len(text)
+    while i < n:
+        c = text[i]
+        if in_str and c == "\\" and i + 1 < n:
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if c == '"':
+            if not in_str:
+                in_str = True
+            else:
+                rest = text[i + 1:].lstrip()
+                if not rest or rest[0] in ",:}]":
+                    in_str = False
+                else:
+                    c = '\\"'
+        elif in_str and c in "\n\r\t":
+            c = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c]
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def extract_json(text: str) -> Any:
-    """The first JSON value in a reply (fenced or bare); raises ValueError if none."""
-    for chunk in _FENCE.findall(text) + [text]:
-        chunk = chunk.strip()
-        try:
-            return json.loads(chunk)
-        except ValueError:
-            pass
-        for start in (chunk.find("{"), chunk.find("[")):
-            if start != -1:
-                try:
-                    return json.JSONDecoder().raw_decode(chunk, start)[0]
-                except ValueError:
-                    pass
+    """The first JSON value in a reply (fenced or bare), strict first, then with inner quotes
+    escaped (endpoints without a grammar); raises ValueError if none."""
+    for fix in (str, quote_inner_quotes):
+        for chunk in _FENCE.findall(text) + [text]:
+            chunk = fix(chunk.strip())
+            try:
+                return json.loads(chunk)
+            except ValueError:
+                pass
+            for start in (chunk.find("{"), chunk.find("[")):
+                if start != -1:
+                    try:
+                        return json.JSONDecoder().raw_decode(chunk, start)[0]
+                    except ValueError:
+                        pass
     raise ValueError("no JSON value found in the reply")
 
 

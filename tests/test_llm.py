@@ -115,3 +115,16 @@ def test_structured_asks_for_schema_constrained_decoding_in_the_endpoints_dialec
     broken = Capture(['{"capabilities": []}'], reject=(500, "the server crashed"))
     with pytest.raises(openai.InternalServerError):  # not a refusal of the format: raised, not retried
         broken.structured([{"role": "user", "content": "x"}], Candidates)
+
+
+def test_extract_json_escapes_a_small_models_inner_quotes_and_newlines():
+    # the 1.5B on an endpoint without a grammar (the engine's server), verbatim in shape
+    reply = ('```json\n{"capabilities": [{"name": "tool_argument_precision", "description": "passes the '
+             'wrong arguments to "connect_wifi" or "enable_roaming".\nIt retries", "ids": ["a/0", "b/3"]}]}\n```')
+    got = extract_json(reply)
+    assert got["capabilities"][0]["description"] == ('passes the wrong arguments to "connect_wifi" or '
+                                                     '"enable_roaming".\nIt retries')
+    assert got["capabilities"][0]["ids"] == ["a/0", "b/3"]
+    assert extract_json('{"a": "b\\"c"}') == {"a": 'b"c'}  # valid JSON is read strictly, escapes kept
+    with pytest.raises(ValueError):
+        extract_json("no json here")
