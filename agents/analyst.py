@@ -48,6 +48,9 @@ class AnalysisConfig(BaseModel):
     delta: float = Field(0.20, ge=-1, le=1, description="minimum contrast gap ER- minus ER+")
     context_chars: int = Field(24000, ge=2000, description="trajectory text per LLM call (~4 chars a token)")
     per_trajectory_chars: int = Field(6000, ge=500, description="budget of one compacted trajectory")
+    labels_per_call: int = Field(24, ge=1, description="(trajectory, capability) pairs one labelling answer may "
+                                 "hold: ~50 tokens each must fit the analyst's max_tokens (27 short τ² telecom "
+                                 "trajectories x 4 capabilities overflowed 2,048 tokens: every pair unlabelled)")
     discovery_examples: int = Field(12, ge=2, description="trajectories shown in discovery (half failed)")
     min_passed: int = Field(3, ge=1, description="applicable (labelled) passed trajectories a run needs for a "
                                                  "contrast; fewer and the capability is no_contrast, not kept")
@@ -70,14 +73,16 @@ class AnalysisConfig(BaseModel):
 
 
 # ---------------------------------------------------------------- compaction
-def compact(traj: Trajectory, budget: int, facts: dict | None = None) -> str:
+def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str | None = None) -> str:
     """A deterministic text of one trajectory within `budget` characters: every message numbered
     by its step (its index in `traj.messages`, what evidence cites), the code-found facts first.
 
     Long messages are cut in the middle; if still too long, middle messages are elided
-    with an explicit marker, keeping the start (the task) and the end (the outcome).
+    with an explicit marker, keeping the start (the task) and the end (the outcome). `alias`: the
+    short id the model sees instead of the key (τ² telecom keys are 100 similar characters a 1.5B
+    cannot copy; code maps the alias back).
     """
-    head = (f"### trajectory {traj.key}\noutcome: {'PASSED' if traj.passed else 'FAILED'} "
+    head = (f"### trajectory {alias or traj.key}\noutcome: {'PASSED' if traj.passed else 'FAILED'} "
             f"(reward {traj.reward:.2f}, ended by {traj.termination}, {traj.steps} steps)\n"
             + (render_facts(facts)[:budget // 3] + "\n" if facts else ""))
 
@@ -217,16 +222,30 @@ def discovery_examples(trajs: list[Trajectory], n: int) -> list[Trajectory]:
     return shown + failed[: max(left // 2, left - len(passed))] + passed[: left // 2]
 
 
+def aliases(trajs: list[Trajectory]) -> dict[str, Trajectory]:
+    """Short ids for one call (T1, T2, ...): what the model reads and writes instead of the keys."""
+    return {f"T{i}": t for i, t in enumerate(trajs, 1)}
+
+
+def by_id(named: dict[str, Trajectory]) -> dict[str, Trajectory]:
+    """Every id a model may write for these trajectories: the alias it was shown, or the key itself."""
+    return {**named, **{t.key: t for t in named.values()}}
+
+
 def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3,
              facts: dict | None = None) -> list[Capability]:
-    failed = [t for t in trajs if not t.passed]
-    shown = discovery_examples(trajs, cfg.discovery_examples)
+    shown = aliases(discovery_examples(trajs, cfg.discovery_examples))
     per = max(500, cfg.context_chars // max(1, len(shown)))
-    text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars), (facts or {}).get(t.key)) for t in shown)
-    failed_ids = {t.key for t in failed}
+    text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars), (facts or {}).get(t.key), alias=a)
+                       for a, t in shown.items())
+    ids = by_id(shown) | {t.key: t for t in trajs}
+    failed_ids = {i for i, t in ids.items() if not t.passed}
     msgs = [{"role": "system", "content": prompts.load("analyst_discovery", n_candidates=str(cfg.n_candidates))},
             {"role": "user", "content": text}]
-    return llm.structured(msgs, Candidates, attempts, check=lambda c: _check_candidates(c, cfg, failed_ids))
+    caps = llm.structured(msgs, Candidates, attempts, check=lambda c: _check_candidates(c, cfg, failed_ids))
+    for c in caps:  # back from the aliases to the trajectories' keys
+        c.example_task_ids = list(dict.fromkeys(ids[i].key for i in c.example_task_ids))
+    return caps
 
 
 # ---------------------------------------------------------------- labelling
@@ -263,11 +282,14 @@ class LabelBatch(BaseModel):
     labels: list[LabelItem]
 
 
-def _batches(trajs: list[Trajectory], cfg: AnalysisConfig) -> list[list[Trajectory]]:
+def _batches(trajs: list[Trajectory], cfg: AnalysisConfig, n_caps: int = 1) -> list[list[Trajectory]]:
+    """Trajectories per labelling call: as many as fit `context_chars`, and no more than the
+    answer can label within `labels_per_call` pairs."""
     out, cur, used = [], [], 0
+    most = max(1, cfg.labels_per_call // max(1, n_caps))
     for t in trajs:
         size = min(len(compact(t, cfg.per_trajectory_chars)), cfg.per_trajectory_chars)
-        if cur and used + size > cfg.context_chars:
+        if cur and (used + size > cfg.context_chars or len(cur) >= most):
             out.append(cur)
             cur, used = [], 0
         cur.append(t)
@@ -285,12 +307,15 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
     UNLABELLED; with `require_evidence`, a label whose evidence does not check is UNVERIFIED."""
     facts = facts or {}
     cap_text = "\n".join(f"- {c.name}: {c.description}" for c in caps)
-    text = "\n\n".join(compact(t, cfg.per_trajectory_chars, facts.get(t.key)) for t in batch)
+    named = aliases(batch)
+    text = "\n\n".join(compact(t, cfg.per_trajectory_chars, facts.get(t.key), alias=a) for a, t in named.items())
     by_key = {t.key: t for t in batch}
     evidence: dict[str, dict[str, dict]] = {t.key: {} for t in batch}
     msgs = [{"role": "system", "content": prompts.load("analyst_labelling", capabilities=cap_text)},
             {"role": "user", "content": text}]
     want = {(t.key, c.name) for t in batch for c in caps}
+    alias_of = {t.key: a for a, t in named.items()}
+    ids = by_id(named)
     out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
     from trace_rl.core.llm import StructuredOutputError
 
@@ -301,6 +326,8 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
         except StructuredOutputError:  # no parsable answer: what is still missing stays unlabelled
             break
         for item in got.labels:
+            given = resolve_id(item.trajectory, set(ids))
+            item.trajectory = ids[given].key if given else item.trajectory
             if (item.trajectory, item.capability) in want:
                 ok = evidence_ok(item, by_key[item.trajectory], facts.get(item.trajectory))
                 out[item.trajectory][item.capability] = item.label.value if ok or not cfg.require_evidence \
@@ -312,7 +339,7 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
             return out, evidence
         msgs = msgs + [{"role": "assistant", "content": got.model_dump_json()},
                        {"role": "user", "content": "You missed these pairs; label them: "
-                                                   + "; ".join(f"{t} x {c}" for t, c in missing[:40])}]
+                                                   + "; ".join(f"{alias_of[t]} x {c}" for t, c in missing[:40])}]
     for t, c in missing:  # never guessed: an unlabelled pair is NA, recorded as such and counted
         out[t][c] = UNLABELLED
     return out, evidence
@@ -366,7 +393,7 @@ def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: A
     def one_run(r: int, bar, task) -> dict:
         labels = cache.load(r)
         todo = [t for t in trajs if not all(n in labels.get(t.key, {}) for n in names)]
-        for batch in _batches(todo, cfg):
+        for batch in _batches(todo, cfg, len(caps)):
             got, evidence = label_batch(llm, batch, caps, cfg, seed=1000 + r, facts=facts)
             for key, d in got.items():
                 labels.setdefault(key, {}).update(d)
@@ -503,7 +530,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         if cand_path.exists():
             caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
         else:
-            caps = discover(llm, trajs, cfg, facts=facts)
+            caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
         runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk

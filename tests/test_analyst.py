@@ -87,7 +87,6 @@ def test_planted_capability_kept_and_distractor_dropped(tmp_path):
     """A scripted analyst: `verify_preconditions` is lacking only in failed trajectories (and
     only in 90% of runs, noise), `polite_tone` is present everywhere."""
     trajs = [traj(i, passed=i % 3 == 0) for i in range(12)]
-    outcome = {t.key: t.passed for t in trajs}
     failed = [t.key for t in trajs if not t.passed]
 
     def script(messages, tools):
@@ -98,14 +97,14 @@ def test_planted_capability_kept_and_distractor_dropped(tmp_path):
                  "Its absence shows as actions taken on ineligible records.", "example_task_ids": failed[:2]},
                 {"name": "polite_tone", "description": "Speaks politely. Greets the user.",
                  "example_task_ids": failed[2:4]}]})
-        ids = re.findall(r"### trajectory (\S+)", messages[1]["content"])
+        shown = re.findall(r"### trajectory (\S+)\noutcome: (\w+)", messages[1]["content"])  # short ids
         seed = len(script.calls)
         script.calls.append(1)
         labels = []
-        for k in ids:
+        for k, seen in shown:
             noisy = (sum(map(ord, k)) + seed) % 10 == 0
             labels.append({"trajectory": k, "capability": "verify_preconditions",
-                           "label": "LACKING" if not outcome[k] and not noisy else "PRESENT", "step": 1,
+                           "label": "LACKING" if seen == "FAILED" and not noisy else "PRESENT", "step": 1,
                            "quote": "m0 x"})  # evidence that checks: message 1 is "m0 x"
             labels.append({"trajectory": k, "capability": "polite_tone", "label": "PRESENT", "step": 2, "quote": "M1 X"})
         return json.dumps({"labels": labels})
@@ -282,3 +281,13 @@ def test_a_label_whose_evidence_does_not_check_is_na_and_counted(tmp_path):
     runs = json.loads((tmp_path / "capabilities.json").read_text())["labelling_runs"]
     assert [r["unverified"] for r in runs] == [6, 6] and not res.kept and res.cov_mean == 0.0
     assert "[1] [assistant] m0 x" in compact(trajs[0], 1000)  # what the analyst sees: the step numbers it cites
+
+
+def test_a_labelling_call_asks_no_more_pairs_than_its_answer_can_hold():
+    from trace_rl.agents.analyst import _batches
+
+    trajs = [traj(i, False) for i in range(27)]  # short ones: all 27 fit the context budget together
+    cfg = AnalysisConfig(context_chars=12000, labels_per_call=24)
+    assert len(_batches(trajs, cfg, 1)) == 2  # 24 + 3
+    batches = _batches(trajs, cfg, 4)
+    assert [len(b) for b in batches] == [6, 6, 6, 6, 3] and sum(batches, []) == trajs
