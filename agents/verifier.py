@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import re
 import random
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -289,11 +290,26 @@ class Review(BaseModel):
         return self.verdict == "pass" and not [f for f in self.findings if f.strip()]
 
 
+_WORD = re.compile(r"[a-z_][a-z0-9_]{3,}")
+
+
+def grounded(finding: str, rubric: str, material: str) -> bool:
+    """A review finding names something of this environment: a word (>= 4 letters) that is in its
+    code or sample episodes and not in the review prompt. The 1.5B's only finding on a spec that
+    passed every check was the prompt's checklist copied out: that is not evidence."""
+    words = set(_WORD.findall(finding.lower())) - set(_WORD.findall(rubric.lower()))
+    return bool(words & set(_WORD.findall(material.lower())))
+
+
 def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
+    """The reviewer's verdict. Like an analyst's label, a finding must be grounded: one that names
+    nothing in the code or the episodes is discarded, kept under `discarded` and counted; a 'fail'
+    whose findings are all discarded is no evidence of a problem, and says so."""
     episodes = "\n\n".join(f"## episode with policy '{k}'\n" + "\n".join(
         f"[{m['role']}] {str(m.get('content') or m.get('tool_calls'))[:400]}" for m in v[1:12])
         for k, v in samples.items())
-    msgs = [{"role": "system", "content": prompts.load("verifier_review")},
+    rubric = prompts.load("verifier_review")
+    msgs = [{"role": "system", "content": rubric},
             {"role": "user", "content": f"# capability\n{capability['name']}: {capability['description']}\n\n"
                                         f"# environment code\n```python\n{code}\n```\n\n# sample episodes\n{episodes}"}]
     try:
@@ -301,7 +317,12 @@ def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
     except StructuredOutputError as err:  # no valid verdict is no verdict: not a pass
         return {"verdict": "invalid", "findings": [f"the reviewer gave no valid verdict: {str(err)[:300]}"],
                 "passed": False}
-    return {"verdict": review.verdict, "findings": [f for f in review.findings if f.strip()], "passed": review.passed}
+    material = code + "\n" + episodes
+    said = [f for f in review.findings if f.strip()]
+    kept = [f for f in said if grounded(f, rubric, material)]
+    discarded = [f for f in said if f not in kept]
+    passed = not kept and (review.verdict == "pass" or bool(discarded))
+    return {"verdict": review.verdict, "findings": kept, "discarded": discarded, "passed": passed}
 
 
 # ---------------------------------------------------------------- calibration
@@ -366,6 +387,10 @@ def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyCon
         detail = "; ".join(r["findings"]) or r["verdict"]
         if r["verdict"] == "pass" and r["findings"]:
             detail = f"verdict 'pass' but with findings (counted as a fail): {detail}"
+        if r.get("discarded"):
+            detail += (f" ({len(r['discarded'])} finding(s) discarded: they name nothing in the code or episodes"
+                       + (", so the reviewer's 'fail' stands on no evidence" if r["passed"] and r["verdict"] == "fail"
+                          else "") + ")")
         report.findings.append(Finding("llm_review", r["passed"], detail))
     if report.passed and base_policy is not None:
         c = report.calibration = calibrate(code, base_policy, cfg)

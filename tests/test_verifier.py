@@ -1,3 +1,4 @@
+import json
 """The verifier on a hand-written reference environment and deliberately broken variants."""
 from importlib import resources
 from pathlib import Path
@@ -141,20 +142,48 @@ def _passing_checks(monkeypatch):
     return v
 
 
+REVIEWED = "def reward(self, state):\n    return 1.0 if 'city' in state.reply else 0.0  # hint: reservation_id\n"
+
+
 @pytest.mark.parametrize("answer, verdict_passes", [
     ('{"verdict": "pass", "findings": []}', True),
     ('{"verdict": "PASS", "findings": ["reward() gives 1 for any reply mentioning a city"]}', False),
-    ('{"verdict": "fail", "findings": ["the hint names the answer"]}', False),
+    ('{"verdict": "fail", "findings": ["the hint gives the reservation_id away"]}', False),
 ])
 def test_review_pass_with_findings_is_a_fail(monkeypatch, answer, verdict_passes):
     from doubles import ScriptedLLM
 
     v = _passing_checks(monkeypatch)
-    report = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(), reviewer=ScriptedLLM([answer]))
+    report = v.verify(REVIEWED, [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+                      reviewer=ScriptedLLM([answer]))
     review = next(f for f in report.findings if f.check == "llm_review")
     assert review.passed is verdict_passes and report.passed is verdict_passes
     if not verdict_passes:
         assert "review:" in report.feedback() and report.review["findings"][0] in report.feedback()
+
+
+def test_a_review_finding_that_restates_the_rubric_is_discarded_and_counted(monkeypatch):
+    """The 1.5B's only finding on a spec that passed every automatic check (docs/examples/spec-build):
+    the review prompt's checklist copied out, naming nothing in the code or episodes."""
+    from doubles import ScriptedLLM
+
+    from trace_rl import prompts
+
+    v = _passing_checks(monkeypatch)
+    parrot = prompts.load("verifier_review").split("Look for:")[1].split("Answer with")[0]
+    parrot = " ".join(parrot.replace("\n", " ").replace("- ", "").split())
+    answer = json.dumps({"verdict": "fail", "findings": [parrot]})
+    report = v.verify(REVIEWED, [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+                      reviewer=ScriptedLLM([answer]))
+    review = next(f for f in report.findings if f.check == "llm_review")
+    assert review.passed and report.passed
+    assert report.review["discarded"] == [parrot] and report.review["findings"] == []
+    assert "1 finding(s) discarded" in review.detail and "no evidence" in review.detail
+    # one grounded finding next to the parrot: the review fails on that one alone
+    answer = json.dumps({"verdict": "fail", "findings": [parrot, "reward() pays any reply naming a city"]})
+    report = v.verify(REVIEWED, [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+                      reviewer=ScriptedLLM([answer]))
+    assert not report.passed and report.review["findings"] == ["reward() pays any reply naming a city"]
 
 
 def test_review_without_a_valid_verdict_is_a_fail_not_a_crash(monkeypatch):
