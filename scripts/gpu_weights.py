@@ -58,7 +58,7 @@ def main() -> None:
     s = sub.add_parser("split")
     s.add_argument("name")
     s.add_argument("--out", type=Path, default=Path(".device/parts"))
-    s.add_argument("--mb", type=int, default=60)
+    s.add_argument("--mb", type=int, default=56)
     j = sub.add_parser("join")
     j.add_argument("dir", type=Path)
     j.add_argument("name")
