@@ -12,6 +12,7 @@ import pytest
 
 TESTS = Path(__file__).parent
 CLI = [sys.executable, "-m", "trace_rl.graph.cli"]
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
 
 
 def snapshot(root: Path) -> dict:
@@ -56,7 +57,7 @@ def test_a_damaged_run_directory_is_one_line_and_untouched(tmp_path, damage, com
     run = run_dir(tmp_path, damage)
     before = snapshot(run)
     out = subprocess.run(CLI + [command, str(run), "--no-wait"] if command == "resume" else CLI + [command, str(run)],
-                         cwd=TESTS, env={**os.environ, "PYTHONPATH": str(TESTS)}, capture_output=True, text=True,
+                         cwd=TESTS, env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True, text=True,
                          timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text, text[-3000:]

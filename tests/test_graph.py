@@ -16,6 +16,7 @@ from trace_rl.graph.pipeline import drive
 
 pytestmark = [pytest.mark.docker]
 TESTS = Path(__file__).parent
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
 
 
 def summary(state: dict) -> dict:
@@ -76,7 +77,7 @@ def _run(run: Path, resume: bool, kill: str | None = None) -> subprocess.Complet
     code = ("import sys, json; from graph_doubles import config; from trace_rl.graph.pipeline import drive\n"
             f"r = drive({str(run)!r}, config(), resume={resume}, log=lambda *a: None)\n"
             "print('STATUS', r['status'])")
-    env = {**os.environ, "TRACE_RL_CALL_LOG": str(run / "calls.log"), "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "TRACE_RL_CALL_LOG": str(run / "calls.log"), "PYTHONPATH": PYTHONPATH}
     env.pop("TRACE_RL_KILL_AT", None)
     if kill:
         env["TRACE_RL_KILL_AT"] = kill
@@ -156,7 +157,7 @@ def test_config_errors_name_the_field(tmp_path):
 
 def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     """The commands a person types: a run that stops at an approval, status, approve, resume."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     cli = [sys.executable, "-m", "trace_rl.graph.cli"]
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps({**config(auto_approve=False, approvals=["capabilities"]).model_dump(),
