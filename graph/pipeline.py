@@ -1,9 +1,15 @@
 """The TRACE pipeline as a LangGraph state machine, resumable after any crash.
 
-    rollout → analyse → select ─┬→ next_capability → synthesise ─┬→ approve_env → train → next_capability …
-                                │                      ↑_________│ (another round, ≤ build_rounds)
-                                └→ compose → train_target (the GRPO-on-target baseline, when configured)
-                                   → evaluate → report → (autonomous loop: rollout again) → END
+    rollout → analyse → select → next_capability ─┬→ synthesise ─┬→ approve_env → next_capability …
+                                                  │   ↑__________│ (another round, ≤ build_rounds)
+                                                  │ (queue empty: every environment built)
+                                                  └→ train → train … (each approved environment) → compose
+                                                     → train_target (the GRPO-on-target baseline, when configured)
+                                                     → evaluate → report → (autonomous loop: rollout again) → END
+
+Every environment is built and approved before any is trained: building needs Docker (a CPU
+machine), training a GPU (no Docker), and a human approves all environments in one sitting
+before the expensive part.
 
 Each node calls one stage function (evals.rollout, agents.analyst.analyze / select_capabilities,
 agents.env_builder.synthesize_round, training.train.train_capability, training.compose.compose_trained,
@@ -48,8 +54,8 @@ class State(TypedDict, total=False):
     iteration: int
     capabilities: list[CapabilityRecord]  # this iteration's analysis, with the human's decisions
     analysis: dict  # this iteration's labelling figures: trajectories, passed, unlabelled pairs per run
-    queue: list[str]  # approved capabilities still to build and train
-    current: str | None
+    queue: list[str]  # approved capabilities still to build
+    current: str | None  # the capability being built
     rounds: int  # builder rounds spent on `current`
     envs: Annotated[dict[str, EnvRecord], _merge]
     adapters: Annotated[dict[str, AdapterRecord], _merge]
@@ -129,8 +135,14 @@ class Pipeline:
         return self.dir / f"iter_{s.get('iteration', 0)}"
 
     def cap(self, s: State) -> CapabilityRecord:
-        """The capability being built and trained."""
+        """The capability being built."""
         return next(c for c in s["capabilities"] if c.name == s["current"])
+
+    @staticmethod
+    def untrained(s: State) -> str | None:
+        """The first approved environment (in build order) without an adapter: the next to train."""
+        done = s.get("adapters") or {}
+        return next((n for n, e in (s.get("envs") or {}).items() if e.approved and n not in done), None)
 
     def _task_ids(self, split: str, n: int) -> list[str]:
         return [t.id for t in self.comps.benchmark.tasks(split)][:n or None]  # n = 0: all
@@ -235,12 +247,14 @@ class Pipeline:
             return decided(approved=True, status="verified" if verified else "human_approved")
         return decided(approved=False, status="rejected", reason=decision.get("reason", ""))
 
-    # -- 4. training: held-out before, GRPO, held-out after
+    # -- 4. training, once every environment is built: held-out before, GRPO, held-out after
     def train(self, s: State) -> dict:
         from trace_rl.training.train import train_capability
 
-        name, env, cfg = s["current"], s["envs"][s["current"]], self.cfg
-        trained_on = env.trained_on or TrainedOn(name=name, description=self.cap(s).description)
+        name, cfg = self.untrained(s), self.cfg
+        env = s["envs"][name]
+        cap = next((c for c in s.get("capabilities") or [] if c.name == name), None)
+        trained_on = env.trained_on or TrainedOn(name=name, description=cap.description if cap else name)
         record = train_capability(name, env.env, self.dir / "train" / name, self.comps.load_base, cfg.grpo,
                                   trained_on=trained_on, train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds,
                                   substitute=env.substitute, log=self.log)
@@ -330,17 +344,18 @@ class Pipeline:
         for n in NODES:
             g.add_node(n, self._timed(n, getattr(self, n)))
         for a, b in [(START, "rollout"), ("rollout", "analyse"), ("analyse", "select"), ("select", "next_capability"),
-                     ("train", "next_capability"), ("compose", "train_target"), ("train_target", "evaluate"),
+                     ("approve_env", "next_capability"), ("compose", "train_target"), ("train_target", "evaluate"),
                      ("evaluate", "report"),
                      ("next_iteration", "rollout")]:
             g.add_edge(a, b)
+        # all environments are built (and approved) before any training: Docker machine first, GPU machine after.
         # compose runs (and skips, saying so) even when nothing was trained: the base row is always measured
-        g.add_conditional_edges("next_capability", lambda s: "synthesise" if s.get("current") else "compose",
-                                ["synthesise", "compose"])
+        to_train = lambda s: "train" if self.untrained(s) else "compose"  # noqa: E731
+        g.add_conditional_edges("next_capability", lambda s: "synthesise" if s.get("current") else to_train(s),
+                                ["synthesise", "train", "compose"])
         g.add_conditional_edges("synthesise", lambda s: "approve_env" if s["current"] in (s.get("envs") or {})
                                 else "synthesise", ["synthesise", "approve_env"])
-        g.add_conditional_edges("approve_env", lambda s: "train" if s["envs"][s["current"]].approved
-                                else "next_capability", ["train", "next_capability"])
+        g.add_conditional_edges("train", to_train, ["train", "compose"])
         g.add_conditional_edges("report", self.loop_decision, {"again": "next_iteration", "end": END})
         return g
 

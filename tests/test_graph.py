@@ -116,6 +116,18 @@ def test_a_rejected_environment_is_not_trained(tmp_path, sandbox_image):
     assert not (tmp_path / "train").exists()
 
 
+def test_every_environment_is_built_before_any_is_trained(tmp_path, sandbox_image):
+    """Two capabilities (train_unkept=2 adds the unkept one): both environments are built and
+    approved before the first training (the Docker machine's part, then the GPU's), in build order."""
+    logged = []
+    st = drive(tmp_path, config(train_unkept=2), resume=False, log=logged.append)["state"]
+    nodes = [m[1:-len("] start")] for m in logged if m.startswith("[") and m.endswith("] start")]
+    assert "train" in nodes  # a node interrupted for an approval starts again: count no visits
+    assert max(i for i, n in enumerate(nodes) if n in ("synthesise", "approve_env")) < nodes.index("train")
+    assert list(st["envs"]) == list(st["adapters"]) == ["lookup_before_answering", "polite_reply_style"]
+    assert all(e.status == "verified" and e.approved for e in st["envs"].values())
+
+
 def test_capability_approval_can_reject_a_capability(tmp_path, sandbox_image):
     cfg = config(auto_approve=False, approvals=["capabilities"])
     out = drive(tmp_path, cfg, resume=False, wait=False, log=lambda *a: None)
