@@ -9,7 +9,7 @@
 
 Every environment is built and approved before any is trained: building needs Docker (a CPU
 machine), training a GPU (no Docker), and a human approves all environments in one sitting
-before the expensive part.
+before the expensive part (`drive(until="train")` stops there; a `resume` elsewhere goes on).
 
 Each node calls one stage function (evals.rollout, agents.analyst.analyze / select_capabilities,
 agents.env_builder.synthesize_round, training.train.train_capability, training.compose.compose_trained,
@@ -35,7 +35,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.core.records import RECORD_TYPES, AdapterRecord, CapabilityRecord, EnvRecord, TrainedOn
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.graph.approvals import THREAD, auto_decision, decisions_path, pending, read_decisions, record_decision
-from trace_rl.graph.config import STAGE_FIELDS, RunConfig, stage_fingerprints
+from trace_rl.graph.config import STAGE_FIELDS, ConfigError, RunConfig, stage_fingerprints
 from trace_rl.graph.report import row_notes, write_run_report
 from trace_rl.graph.rundir import check_run_dir, load_saved_config, read_json_file, save_config
 
@@ -433,8 +433,15 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     return stale
 
 
-def compiled(run_dir: Path, cfg: RunConfig, log=print):
-    """(the Pipeline, its graph compiled with the run directory's checkpoint database)."""
+def check_until(until: str | None) -> None:
+    """`until` must name a node: a misspelt one would never stop the run."""
+    if until is not None and until not in NODES:
+        raise ConfigError(f"--until {until!r} is not a node of the pipeline; nodes: {', '.join(NODES)}")
+
+
+def compiled(run_dir: Path, cfg: RunConfig, log=print, until: str | None = None):
+    """(the Pipeline, its graph compiled with the run directory's checkpoint database; with
+    `until`, a breakpoint before that node)."""
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -442,24 +449,30 @@ def compiled(run_dir: Path, cfg: RunConfig, log=print):
     records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
     saver = SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False),
                         serde=JsonPlusSerializer(allowed_msgpack_modules=records))
-    return pipe, pipe.graph().compile(checkpointer=saver)
+    return pipe, pipe.graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
 
 
 def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
-          log=print) -> dict:
+          log=print, until: str | None = None) -> dict:
     """Run (or resume) the graph until it ends or needs a decision nobody has given.
 
     Decisions come from approvals.json (`trace-rl approve`, the web page) or, with
     `auto_approve`, are made here. With `wait`, an undecided approval blocks (polling
-    approvals.json, serving the web page if `web_port` is set) instead of returning."""
+    approvals.json, serving the web page if `web_port` is set) instead of returning.
+    With `until`, the run stops before that node ({"status": "stopped"}): e.g. every
+    environment built on the Docker machine, training left to a `resume` on a GPU machine."""
+    check_until(until)
     run_dir = Path(run_dir)
     check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stale = retire_stale_stages(run_dir, cfg, log)
     from langgraph.types import Command
 
-    _, app = compiled(run_dir, cfg, log)
+    _, app = compiled(run_dir, cfg, log, until)
     started = app.get_state(THREAD).values
+    stopped = lambda st: {"status": "stopped", "before": until, "state": st.values}  # noqa: E731
+    if started and until in app.get_state(THREAD).next and not pending(app):
+        return stopped(app.get_state(THREAD))  # already stopped there: running on would pass the breakpoint
     inp: Any = None if started else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
     if not started or stale:
         save_config(run_dir, cfg)  # `resume`, `approve` and `status` need only the run directory
@@ -470,7 +483,8 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
             items = pending(app)
             if not items:
                 (run_dir / "pending.json").unlink(missing_ok=True)
-                return {"status": "done", "state": app.get_state(THREAD).values}
+                st = app.get_state(THREAD)
+                return stopped(st) if until in st.next else {"status": "done", "state": st.values}
             item = items[0]
             atomic_write_json(run_dir / "pending.json", item)  # for the web page and `trace-rl approve`
             decided = read_decisions(run_dir).get(item["id"])

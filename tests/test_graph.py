@@ -128,6 +128,29 @@ def test_every_environment_is_built_before_any_is_trained(tmp_path, sandbox_imag
     assert all(e.status == "verified" and e.approved for e in st["envs"].values())
 
 
+def test_until_train_stops_with_every_environment_approved_and_nothing_trained(tmp_path, sandbox_image):
+    """The Docker machine's part: both environments asked for in turn (no training in between), then
+    a stop before train; a resume without `until` (the GPU machine's part) trains both."""
+    names = ["lookup_before_answering", "polite_reply_style"]
+    cfg = config(train_unkept=2, auto_approve=False, approvals=["environments"])
+    go = lambda **kw: drive(tmp_path, cfg, resume=True, wait=False, log=lambda *a: None, **kw)  # noqa: E731
+    for name in names:  # an approval before the breakpoint is asked as without one
+        out = go(until="train")
+        assert out["status"] == "waiting" and out["pending"]["capability"]["name"] == name
+        record_decision(tmp_path, out["pending"]["id"], {"action": "approve"})
+    out = go(until="train")
+    assert out["status"] == "stopped" and out["before"] == "train"
+    st = out["state"]
+    assert list(st["envs"]) == names and all(e.status == "verified" and e.approved for e in st["envs"].values())
+    assert all(Path(st["envs"][n].env).is_file() and (tmp_path / "envs" / n) in Path(st["envs"][n].env).parents
+               for n in names)
+    assert not st.get("adapters") and not (tmp_path / "train").exists()
+    assert go(until="train")["status"] == "stopped" and not (tmp_path / "train").exists()  # asked again: stays
+    done = go()
+    assert done["status"] == "done" and list(done["state"]["adapters"]) == names
+    assert all((tmp_path / "train" / n / "grpo" / "adapter").is_dir() for n in names)
+
+
 def test_capability_approval_can_reject_a_capability(tmp_path, sandbox_image):
     cfg = config(auto_approve=False, approvals=["capabilities"])
     out = drive(tmp_path, cfg, resume=False, wait=False, log=lambda *a: None)
@@ -187,6 +210,11 @@ def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     again = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run)], cwd=TESTS, env=env,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "trace-rl resume" in again.stdout
+    stop = subprocess.run(cli + ["resume", str(run), "--until", "train"], cwd=TESTS, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert stop.returncode == 0 and f"stopped before train: continue with `trace-rl resume {run}`" in stop.stdout, \
+        stop.stdout + stop.stderr[-2000:]
+    assert (run / "envs" / "lookup_before_answering").is_dir() and not (run / "train").exists()
     refused = subprocess.run(cli + ["resume", str(run), "--set", "grpo.steps=5"], cwd=TESTS, env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "may change only how the run is served" in refused.stdout
