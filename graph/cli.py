@@ -177,12 +177,16 @@ def _overrides(pairs: list[str], flag: str = "--set") -> dict:
     return out
 
 
-def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int) -> None:
+def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int, until: str | None = None) -> None:
     from trace_rl.graph.pipeline import drive
 
     t0 = time.perf_counter()
-    out = drive(run_dir, cfg, resume=resume, wait=wait, web_port=port if web else None,
+    out = drive(run_dir, cfg, resume=resume, wait=wait, web_port=port if web else None, until=until,
                 log=lambda msg: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}"))
+    if out["status"] == "stopped":
+        console.print(f"stopped before {out['before']}: continue with `trace-rl resume {run_dir}`",
+                      soft_wrap=True, highlight=False)
+        return
     if out["status"] == "waiting":
         item = out["pending"]
         console.print(f"[yellow]waiting for a decision:[/] {item['title']} ({item['id']})\n"
@@ -232,10 +236,14 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         wait: bool = typer.Option(True, help="wait at approval points (else stop; `trace-rl resume` later)"),
         web: bool = typer.Option(True, help="serve the approval page on 127.0.0.1 while waiting"),
         port: int = typer.Option(8765, help="approval page port"),
+        until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
+                                             "train on a GPU machine with `trace-rl resume`)"),
         show_config: bool = typer.Option(False, help="print the resolved config and exit")):
     """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
     from trace_rl.graph.config import load_config, stage_fingerprints
+    from trace_rl.graph.pipeline import check_until
 
+    check_until(until)
     over = _overrides(set_)
     if bench_opt:
         over["benchmark_options"] = {**over.get("benchmark_options", {}), **_overrides(bench_opt, "--bench-opt")}
@@ -253,7 +261,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         if saved_fingerprints(run_dir) == stage_fingerprints(cfg):
             _fail(f"{run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
         console.print(f"{run_dir} holds a run with another config: the stages it changes are re-run")
-    _drive(run_dir, cfg, False, wait, web, port)
+    _drive(run_dir, cfg, False, wait, web, port, until)
 
 
 @app.command()
@@ -277,12 +285,16 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
            wait: bool = typer.Option(True, help="wait at approval points"),
            web: bool = typer.Option(True, help="serve the approval page while waiting"),
            port: int = typer.Option(8765, help="approval page port"),
+           until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
+                                                "train on a GPU machine with `trace-rl resume`)"),
            set_: list[str] = typer.Option(None, "--set", help="change how this machine runs it (no result "
                                                               "changes): serve=hf, serve_rows, *.concurrency, ...")):
     """Continue a run from its last completed step (after a crash, a kill, an approval, or on another
     machine: `--set serve=hf` on a GPU machine, `--set serve=llama.cpp` back on a CPU one)."""
     from trace_rl.graph.config import deep_merge, load_config, stage_fingerprints
+    from trace_rl.graph.pipeline import check_until
 
+    check_until(until)
     cfg = _saved(run_dir)
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
@@ -293,7 +305,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
 
         save_config(Path(run_dir), new)
         cfg = new
-    _drive(run_dir, cfg, True, wait, web, port)
+    _drive(run_dir, cfg, True, wait, web, port, until)
 
 
 

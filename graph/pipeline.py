@@ -1,9 +1,15 @@
 """The TRACE pipeline as a LangGraph state machine, resumable after any crash.
 
-    rollout → analyse → select ─┬→ next_capability → synthesise ─┬→ approve_env → train → next_capability …
-                                │                      ↑_________│ (another round, ≤ build_rounds)
-                                └→ compose → train_target (the GRPO-on-target baseline, when configured)
-                                   → evaluate → report → (autonomous loop: rollout again) → END
+    rollout → analyse → select → next_capability ─┬→ synthesise ─┬→ approve_env → next_capability …
+                                                  │   ↑__________│ (another round, ≤ build_rounds)
+                                                  │ (queue empty: every environment built)
+                                                  └→ train → train … (each approved environment) → compose
+                                                     → train_target (the GRPO-on-target baseline, when configured)
+                                                     → evaluate → report → (autonomous loop: rollout again) → END
+
+Every environment is built and approved before any is trained: building needs Docker (a CPU
+machine), training a GPU (no Docker), and a human approves all environments in one sitting
+before the expensive part (`drive(until="train")` stops there; a `resume` elsewhere goes on).
 
 Each node calls one stage function (evals.rollout, agents.analyst.analyze / select_capabilities,
 agents.env_builder.synthesize_round, training.train.train_capability, training.compose.compose_trained,
@@ -29,7 +35,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.core.records import RECORD_TYPES, AdapterRecord, CapabilityRecord, EnvRecord, TrainedOn
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.graph.approvals import THREAD, auto_decision, decisions_path, pending, read_decisions, record_decision
-from trace_rl.graph.config import STAGE_FIELDS, RunConfig, stage_fingerprints
+from trace_rl.graph.config import STAGE_FIELDS, ConfigError, RunConfig, stage_fingerprints
 from trace_rl.graph.report import row_notes, write_run_report
 from trace_rl.graph.rundir import check_run_dir, load_saved_config, read_json_file, save_config
 
@@ -48,8 +54,8 @@ class State(TypedDict, total=False):
     iteration: int
     capabilities: list[CapabilityRecord]  # this iteration's analysis, with the human's decisions
     analysis: dict  # this iteration's labelling figures: trajectories, passed, unlabelled pairs per run
-    queue: list[str]  # approved capabilities still to build and train
-    current: str | None
+    queue: list[str]  # approved capabilities still to build
+    current: str | None  # the capability being built
     rounds: int  # builder rounds spent on `current`
     envs: Annotated[dict[str, EnvRecord], _merge]
     adapters: Annotated[dict[str, AdapterRecord], _merge]
@@ -129,8 +135,14 @@ class Pipeline:
         return self.dir / f"iter_{s.get('iteration', 0)}"
 
     def cap(self, s: State) -> CapabilityRecord:
-        """The capability being built and trained."""
+        """The capability being built."""
         return next(c for c in s["capabilities"] if c.name == s["current"])
+
+    @staticmethod
+    def untrained(s: State) -> str | None:
+        """The first approved environment (in build order) without an adapter: the next to train."""
+        done = s.get("adapters") or {}
+        return next((n for n, e in (s.get("envs") or {}).items() if e.approved and n not in done), None)
 
     def _task_ids(self, split: str, n: int) -> list[str]:
         return [t.id for t in self.comps.benchmark.tasks(split)][:n or None]  # n = 0: all
@@ -235,12 +247,14 @@ class Pipeline:
             return decided(approved=True, status="verified" if verified else "human_approved")
         return decided(approved=False, status="rejected", reason=decision.get("reason", ""))
 
-    # -- 4. training: held-out before, GRPO, held-out after
+    # -- 4. training, once every environment is built: held-out before, GRPO, held-out after
     def train(self, s: State) -> dict:
         from trace_rl.training.train import train_capability
 
-        name, env, cfg = s["current"], s["envs"][s["current"]], self.cfg
-        trained_on = env.trained_on or TrainedOn(name=name, description=self.cap(s).description)
+        name, cfg = self.untrained(s), self.cfg
+        env = s["envs"][name]
+        cap = next((c for c in s.get("capabilities") or [] if c.name == name), None)
+        trained_on = env.trained_on or TrainedOn(name=name, description=cap.description if cap else name)
         record = train_capability(name, env.env, self.dir / "train" / name, self.comps.load_base, cfg.grpo,
                                   trained_on=trained_on, train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds,
                                   substitute=env.substitute, log=self.log)
@@ -330,17 +344,18 @@ class Pipeline:
         for n in NODES:
             g.add_node(n, self._timed(n, getattr(self, n)))
         for a, b in [(START, "rollout"), ("rollout", "analyse"), ("analyse", "select"), ("select", "next_capability"),
-                     ("train", "next_capability"), ("compose", "train_target"), ("train_target", "evaluate"),
+                     ("approve_env", "next_capability"), ("compose", "train_target"), ("train_target", "evaluate"),
                      ("evaluate", "report"),
                      ("next_iteration", "rollout")]:
             g.add_edge(a, b)
+        # all environments are built (and approved) before any training: Docker machine first, GPU machine after.
         # compose runs (and skips, saying so) even when nothing was trained: the base row is always measured
-        g.add_conditional_edges("next_capability", lambda s: "synthesise" if s.get("current") else "compose",
-                                ["synthesise", "compose"])
+        to_train = lambda s: "train" if self.untrained(s) else "compose"  # noqa: E731
+        g.add_conditional_edges("next_capability", lambda s: "synthesise" if s.get("current") else to_train(s),
+                                ["synthesise", "train", "compose"])
         g.add_conditional_edges("synthesise", lambda s: "approve_env" if s["current"] in (s.get("envs") or {})
                                 else "synthesise", ["synthesise", "approve_env"])
-        g.add_conditional_edges("approve_env", lambda s: "train" if s["envs"][s["current"]].approved
-                                else "next_capability", ["train", "next_capability"])
+        g.add_conditional_edges("train", to_train, ["train", "compose"])
         g.add_conditional_edges("report", self.loop_decision, {"again": "next_iteration", "end": END})
         return g
 
@@ -418,8 +433,15 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     return stale
 
 
-def compiled(run_dir: Path, cfg: RunConfig, log=print):
-    """(the Pipeline, its graph compiled with the run directory's checkpoint database)."""
+def check_until(until: str | None) -> None:
+    """`until` must name a node: a misspelt one would never stop the run."""
+    if until is not None and until not in NODES:
+        raise ConfigError(f"--until {until!r} is not a node of the pipeline; nodes: {', '.join(NODES)}")
+
+
+def compiled(run_dir: Path, cfg: RunConfig, log=print, until: str | None = None):
+    """(the Pipeline, its graph compiled with the run directory's checkpoint database; with
+    `until`, a breakpoint before that node)."""
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -427,24 +449,30 @@ def compiled(run_dir: Path, cfg: RunConfig, log=print):
     records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
     saver = SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False),
                         serde=JsonPlusSerializer(allowed_msgpack_modules=records))
-    return pipe, pipe.graph().compile(checkpointer=saver)
+    return pipe, pipe.graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
 
 
 def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
-          log=print) -> dict:
+          log=print, until: str | None = None) -> dict:
     """Run (or resume) the graph until it ends or needs a decision nobody has given.
 
     Decisions come from approvals.json (`trace-rl approve`, the web page) or, with
     `auto_approve`, are made here. With `wait`, an undecided approval blocks (polling
-    approvals.json, serving the web page if `web_port` is set) instead of returning."""
+    approvals.json, serving the web page if `web_port` is set) instead of returning.
+    With `until`, the run stops before that node ({"status": "stopped"}): e.g. every
+    environment built on the Docker machine, training left to a `resume` on a GPU machine."""
+    check_until(until)
     run_dir = Path(run_dir)
     check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stale = retire_stale_stages(run_dir, cfg, log)
     from langgraph.types import Command
 
-    _, app = compiled(run_dir, cfg, log)
+    _, app = compiled(run_dir, cfg, log, until)
     started = app.get_state(THREAD).values
+    stopped = lambda st: {"status": "stopped", "before": until, "state": st.values}  # noqa: E731
+    if started and until in app.get_state(THREAD).next and not pending(app):
+        return stopped(app.get_state(THREAD))  # already stopped there: running on would pass the breakpoint
     inp: Any = None if started else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
     if not started or stale:
         save_config(run_dir, cfg)  # `resume`, `approve` and `status` need only the run directory
@@ -455,7 +483,8 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
             items = pending(app)
             if not items:
                 (run_dir / "pending.json").unlink(missing_ok=True)
-                return {"status": "done", "state": app.get_state(THREAD).values}
+                st = app.get_state(THREAD)
+                return stopped(st) if until in st.next else {"status": "done", "state": st.values}
             item = items[0]
             atomic_write_json(run_dir / "pending.json", item)  # for the web page and `trace-rl approve`
             decided = read_decisions(run_dir).get(item["id"])

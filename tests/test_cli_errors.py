@@ -12,6 +12,7 @@ import pytest
 
 TESTS = Path(__file__).parent
 CLI = [sys.executable, "-m", "trace_rl.graph.cli"]
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
 
 
 def snapshot(root: Path) -> dict:
@@ -56,7 +57,7 @@ def test_a_damaged_run_directory_is_one_line_and_untouched(tmp_path, damage, com
     run = run_dir(tmp_path, damage)
     before = snapshot(run)
     out = subprocess.run(CLI + [command, str(run), "--no-wait"] if command == "resume" else CLI + [command, str(run)],
-                         cwd=TESTS, env={**os.environ, "PYTHONPATH": str(TESTS)}, capture_output=True, text=True,
+                         cwd=TESTS, env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True, text=True,
                          timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text, text[-3000:]
@@ -83,3 +84,18 @@ def test_bad_cli_input_is_one_error_and_exit_2(tmp_path, args, says):
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text and says in text, text[-3000:]
     assert snapshot(tmp_path) == before and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_an_unknown_until_node_is_one_line_naming_the_nodes(tmp_path, command):
+    from trace_rl.graph.pipeline import NODES
+
+    run = run_dir(tmp_path, "none")
+    before = snapshot(tmp_path)
+    args = ["resume", str(run)] if command == "resume" else ["run", "--run-dir", str(tmp_path / "new")]
+    out = subprocess.run(CLI + args + ["--until", "nonsense"], cwd=TESTS, env={**os.environ, "PYTHONPATH": PYTHONPATH},
+                         capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text and len(text.strip().splitlines()) == 1, text[-3000:]
+    assert text.startswith("error: --until 'nonsense'") and ", ".join(NODES) in text
+    assert snapshot(tmp_path) == before and not (tmp_path / "new").exists()

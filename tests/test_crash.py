@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_graph import TESTS, summary
+from test_graph import PYTHONPATH, TESTS, summary
 
 pytestmark = [pytest.mark.docker]
 CODE = ("import sys, json; from graph_doubles import config; from trace_rl.graph.pipeline import drive\n"
@@ -21,7 +21,7 @@ CODE = ("import sys, json; from graph_doubles import config; from trace_rl.graph
 
 
 def start(run: Path, resume: bool) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     env.pop("TRACE_RL_KILL_AT", None)
     return subprocess.Popen([sys.executable, "-c", CODE, str(run), "1" if resume else "0"], cwd=TESTS, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -16,6 +16,7 @@ from trace_rl.graph.pipeline import drive
 
 pytestmark = [pytest.mark.docker]
 TESTS = Path(__file__).parent
+PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
 
 
 def summary(state: dict) -> dict:
@@ -76,7 +77,7 @@ def _run(run: Path, resume: bool, kill: str | None = None) -> subprocess.Complet
     code = ("import sys, json; from graph_doubles import config; from trace_rl.graph.pipeline import drive\n"
             f"r = drive({str(run)!r}, config(), resume={resume}, log=lambda *a: None)\n"
             "print('STATUS', r['status'])")
-    env = {**os.environ, "TRACE_RL_CALL_LOG": str(run / "calls.log"), "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "TRACE_RL_CALL_LOG": str(run / "calls.log"), "PYTHONPATH": PYTHONPATH}
     env.pop("TRACE_RL_KILL_AT", None)
     if kill:
         env["TRACE_RL_KILL_AT"] = kill
@@ -113,6 +114,41 @@ def test_a_rejected_environment_is_not_trained(tmp_path, sandbox_image):
     assert st["envs"]["lookup_before_answering"].reason == "reward too lenient"
     assert not st.get("adapters") and not st.get("composition") and (tmp_path / "report.json").is_file()
     assert not (tmp_path / "train").exists()
+
+
+def test_every_environment_is_built_before_any_is_trained(tmp_path, sandbox_image):
+    """Two capabilities (train_unkept=2 adds the unkept one): both environments are built and
+    approved before the first training (the Docker machine's part, then the GPU's), in build order."""
+    logged = []
+    st = drive(tmp_path, config(train_unkept=2), resume=False, log=logged.append)["state"]
+    nodes = [m[1:-len("] start")] for m in logged if m.startswith("[") and m.endswith("] start")]
+    assert "train" in nodes  # a node interrupted for an approval starts again: count no visits
+    assert max(i for i, n in enumerate(nodes) if n in ("synthesise", "approve_env")) < nodes.index("train")
+    assert list(st["envs"]) == list(st["adapters"]) == ["lookup_before_answering", "polite_reply_style"]
+    assert all(e.status == "verified" and e.approved for e in st["envs"].values())
+
+
+def test_until_train_stops_with_every_environment_approved_and_nothing_trained(tmp_path, sandbox_image):
+    """The Docker machine's part: both environments asked for in turn (no training in between), then
+    a stop before train; a resume without `until` (the GPU machine's part) trains both."""
+    names = ["lookup_before_answering", "polite_reply_style"]
+    cfg = config(train_unkept=2, auto_approve=False, approvals=["environments"])
+    go = lambda **kw: drive(tmp_path, cfg, resume=True, wait=False, log=lambda *a: None, **kw)  # noqa: E731
+    for name in names:  # an approval before the breakpoint is asked as without one
+        out = go(until="train")
+        assert out["status"] == "waiting" and out["pending"]["capability"]["name"] == name
+        record_decision(tmp_path, out["pending"]["id"], {"action": "approve"})
+    out = go(until="train")
+    assert out["status"] == "stopped" and out["before"] == "train"
+    st = out["state"]
+    assert list(st["envs"]) == names and all(e.status == "verified" and e.approved for e in st["envs"].values())
+    assert all(Path(st["envs"][n].env).is_file() and (tmp_path / "envs" / n) in Path(st["envs"][n].env).parents
+               for n in names)
+    assert not st.get("adapters") and not (tmp_path / "train").exists()
+    assert go(until="train")["status"] == "stopped" and not (tmp_path / "train").exists()  # asked again: stays
+    done = go()
+    assert done["status"] == "done" and list(done["state"]["adapters"]) == names
+    assert all((tmp_path / "train" / n / "grpo" / "adapter").is_dir() for n in names)
 
 
 def test_capability_approval_can_reject_a_capability(tmp_path, sandbox_image):
@@ -156,7 +192,7 @@ def test_config_errors_name_the_field(tmp_path):
 
 def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     """The commands a person types: a run that stops at an approval, status, approve, resume."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     cli = [sys.executable, "-m", "trace_rl.graph.cli"]
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps({**config(auto_approve=False, approvals=["capabilities"]).model_dump(),
@@ -174,6 +210,11 @@ def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     again = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run)], cwd=TESTS, env=env,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "trace-rl resume" in again.stdout
+    stop = subprocess.run(cli + ["resume", str(run), "--until", "train"], cwd=TESTS, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert stop.returncode == 0 and f"stopped before train: continue with `trace-rl resume {run}`" in stop.stdout, \
+        stop.stdout + stop.stderr[-2000:]
+    assert (run / "envs" / "lookup_before_answering").is_dir() and not (run / "train").exists()
     refused = subprocess.run(cli + ["resume", str(run), "--set", "grpo.steps=5"], cwd=TESTS, env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "may change only how the run is served" in refused.stdout
