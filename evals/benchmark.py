@@ -48,9 +48,10 @@ class Benchmark(ABC):
     def tasks(self, split: str) -> list[Task]: ...
 
     @abstractmethod
-    def episode(self, task_id: str) -> Episode:
-        """A fresh episode of one task. A benchmark GRPO trains on also takes `hinted: bool`: the
-        system prompt then carries a hint, `Episode.plain_system_prompt` the prompt without it."""
+    def episode(self, task_id: str, hinted: bool = False) -> Episode:
+        """A fresh episode of one task. With `hinted` (GRPO on the target asks for it) the system
+        prompt carries a hint and `Episode.plain_system_prompt` is the prompt without it; a
+        benchmark that has no hints ignores it."""
 
     def task_tools(self, task_id: str) -> list[str] | None:
         """Names of the tools this task offers, when tasks offer different subsets (None: all of spec()'s)."""

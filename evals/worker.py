@@ -148,8 +148,8 @@ class WorkerBenchmark(Benchmark):
                                   for t in self.live_worker().call("tasks", split)]
         return self._tasks[split]
 
-    def episode(self, task_id: str) -> WorkerEpisode:
-        return WorkerEpisode(self, task_id)
+    def episode(self, task_id: str, hinted: bool = False) -> WorkerEpisode:
+        return WorkerEpisode(self, task_id)  # a worker benchmark has no hints
 
     def spec(self) -> dict:
         return self.live_worker().call("spec") or super().spec()

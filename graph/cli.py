@@ -106,7 +106,11 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              trials: int = typer.Option(1, min=1, help="trials per task (pass^k needs k)"),
              out: str = typer.Option(None, help="output directory (resumes if it exists)"),
              concurrency: int = typer.Option(1, min=1, help="episodes in flight"),
-             max_steps: int = 30, max_tokens: int = 512, temperature: float = 0.0,
+             max_steps: int = typer.Option(None, min=1, help="agent steps per episode (default: the run config's "
+                                                             "agent.max_steps)"),
+             max_tokens: int = typer.Option(None, min=16, help="agent answer length (default: agent.max_tokens)"),
+             temperature: float = typer.Option(0.0, min=0, help="agent sampling temperature (0: greedy, as an "
+                                                                "evaluation measures)"),
              user_model: str = typer.Option(None, help="user-simulator model (airline/retail); default: --model"),
              user_base_url: str = typer.Option(None, help="endpoint of the user-simulator model"),
              bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
@@ -119,8 +123,11 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     from trace_rl.evals.report import write_report
     from trace_rl.evals.rollout import rollout
 
-    from trace_rl.graph.pipeline import served
+    from trace_rl.graph.config import AgentSettings
+    from trace_rl.training.serve import served
 
+    agent = AgentSettings()
+    max_steps, max_tokens = max_steps or agent.max_steps, max_tokens or agent.max_tokens
     if serve not in ("llama.cpp", "hf"):
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
     offer = {"max_steps": max_steps}
@@ -383,15 +390,16 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
           preset: str = typer.Option("cpu", help="GRPO preset: paper, cpu, tiny"),
           set_: list[str] = typer.Option(None, "--set", help="override a GRPO setting, e.g. --set steps=40"),
           out: str = typer.Option("runs/train", help="output directory (resumes from its checkpoints)"),
-          heldout: int = typer.Option(20, help="held-out seeds for before/after success"),
-          train_seeds: int = typer.Option(1000, help="training seeds"),
+          heldout: int = typer.Option(None, min=1, help="held-out seeds for before/after success (default: the run "
+                                                        "config's heldout_seeds)"),
+          train_seeds: int = typer.Option(None, min=1, help="training seeds (default: the run config's train_seeds)"),
           name: str = typer.Option(None, help="capability name (default: the module's file name); with --out RUN_DIR "
                                               "the run's train step finds the adapter")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
     from trace_rl.core.records import TrainedOn
-    from trace_rl.graph.config import section_settings
+    from trace_rl.graph.config import RunConfig, section_settings
     from trace_rl.training.grpo import PRESETS, GRPOSettings
     from trace_rl.training.hf_policy import load_model
     from trace_rl.training.train import train_capability, train_on_target
@@ -420,6 +428,8 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     if not code_path.is_file():
         _fail(f"no environment module at {env}")
     name = name or code_path.stem
+    defaults = RunConfig()
+    train_seeds, heldout = train_seeds or defaults.train_seeds, heldout or defaults.heldout_seeds
     entry = train_capability(name, code_path.resolve(), Path(out) / "train" / name, lambda: load_model(model), settings,
                              trained_on=TrainedOn(name=name, description=name), train_seeds=train_seeds,
                              heldout_seeds=heldout, log=console.print)
@@ -435,10 +445,11 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
           capability: str = typer.Option(None, help="capability name (default: the best kept one)"),
           benchmark: str = typer.Option(None, help="target benchmark (default: that of the failed examples)"),
           bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
-          builder: str = typer.Option("qwen2.5-coder-1.5b", help="env-builder model"),
+          builder: str = typer.Option(None, help="env-builder model (default: the run config's builder.model)"),
           builder_url: str = typer.Option(None, help="endpoint serving --builder"),
-          max_tokens: int = typer.Option(4096, help="builder answer length"),
-          rounds: int = typer.Option(5, help="builder/verifier rounds before a human is asked"),
+          max_tokens: int = typer.Option(None, min=16, help="builder answer length (default: builder.max_tokens)"),
+          rounds: int = typer.Option(None, min=1, help="builder/verifier rounds before a human is asked "
+                                                       "(default: build_rounds)"),
           mode: str = typer.Option("auto", help="spec (a JSON spec, for small local models), code (a Python "
                                                 "module), auto (spec for an embedded model)"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
@@ -450,30 +461,34 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     from trace_rl.agents.env_builder import Target, builder_mode, synthesize
     from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.agents.verifier import VerifyConfig
-    from trace_rl.evals.benchmark import load_benchmark
-    from trace_rl.graph.config import section_settings
     from trace_rl.core.io import atomic_write_json
+    from trace_rl.core.records import CapabilityRecord
+    from trace_rl.evals.benchmark import load_benchmark
+    from trace_rl.graph.config import RunConfig, section_settings
 
     caps_path = Path(run_dir) / "analysis" / "capabilities.json"
     if not caps_path.is_file():
         _fail(f"{caps_path} not found; run `trace-rl analyze {run_dir}` first")
-    caps = json.loads(caps_path.read_text())["capabilities"]
-    pick = [c for c in caps if c["name"] == capability] if capability else [c for c in caps if c["kept"]][:1]
+    caps = [CapabilityRecord.model_validate(c) for c in json.loads(caps_path.read_text())["capabilities"]]
+    pick = [c for c in caps if c.name == capability] if capability else [c for c in caps if c.kept][:1]
     if not pick:
         _fail(f"no capability {capability!r} in {caps_path}" if capability
               else f"no kept capability in {caps_path}; name one with --capability")
     cap = pick[0]
     trajs = {t.key: t for t in load_trajectories(run_dir)}
-    examples = [trajs[k] for k in cap["example_failed_task_ids"] if k in trajs]
+    examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
     bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
                            options=_overrides(bench_opt, "--bench-opt"))
     target = Target.of(bench)
-    model = LLM(LLMConfig(model=builder, base_url=builder_url, max_tokens=max_tokens))
+    defaults = RunConfig()
+    rounds = rounds or defaults.build_rounds
+    model = LLM(LLMConfig(model=builder or defaults.builder.model, base_url=builder_url,
+                          max_tokens=max_tokens or defaults.builder.max_tokens))
     cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
     base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
-    out = Path(run_dir) / "envs" / cap["name"]
+    out = Path(run_dir) / "envs" / cap.name
     t0 = time.perf_counter()
-    record = synthesize(cap, target, model, out, max_rounds=rounds, examples=[compact(t, 3000) for t in examples],
+    record = synthesize(cap.model_dump(), target, model, out, max_rounds=rounds, examples=[compact(t, 3000) for t in examples],
                         mode=builder_mode(mode, model),
                         reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
     u = model.usage
@@ -481,7 +496,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
                                               "completion_tokens": u.completion_tokens,
                                               "wall_seconds": time.perf_counter() - t0}}
     atomic_write_json(out / "result.json", result)
-    console.print(f"[bold]{cap['name']}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
+    console.print(f"[bold]{cap.name}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
                   f"{u.prompt_tokens}+{u.completion_tokens} tokens, {result['cost']['wall_seconds']:.0f}s; attempts in {out}")
 
 
@@ -503,22 +518,23 @@ def load_trajectories(run_dir):
 
 @app.command()
 def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollouts (trajectories.jsonl)"),
-            model: str = typer.Option("qwen2.5-coder-1.5b", help="analyst model"),
+            model: str = typer.Option(None, help="analyst model (default: the run config's analyst.model)"),
             base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
-            max_tokens: int = typer.Option(2048, help="analyst answer length"),
+            max_tokens: int = typer.Option(None, min=16, help="analyst answer length (default: analyst.max_tokens)"),
             set_: list[str] = typer.Option(None, "--set", help="an analysis setting, e.g. --set n_runs=10 --set k=8 "
                                                               "(the run config's `analysis:` fields)")):
     """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
     from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
     from trace_rl.core.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
-    from trace_rl.graph.config import section_settings
+    from trace_rl.graph.config import RunConfig, section_settings
 
     trajs = load_trajectories(run_dir)
     if not trajs:
         _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
     cfg = section_settings(AnalysisConfig, "analysis", _overrides(set_))
-    llm = LLM(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens))
+    analyst = RunConfig().analyst
+    llm = LLM(LLMConfig(model=model or analyst.model, base_url=base_url, max_tokens=max_tokens or analyst.max_tokens))
     out = Path(run_dir) / "analysis"
     try:  # the target's tool schemas, for the facts the analyst cites (argument checks need them)
         tools = load_benchmark(trajs[0].benchmark).spec()["tools"]

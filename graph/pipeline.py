@@ -84,29 +84,11 @@ class Components:
     after_node: Callable[[str], None] | None = None
 
 
-_HF_SERVERS: dict[str, Any] = {}
-
-
-def served(llm, serve: str, rows: int = 64):
-    """An LLMConfig as the run reaches it: unchanged with a base_url or under llama.cpp (served on
-    first use by core.llm); under serve=hf, pointed at one engine server per model (started once)."""
-    if serve != "hf" or llm.base_url:
-        return llm
-    if llm.model not in _HF_SERVERS:
-        import atexit
-
-        from trace_rl.training.serve import HFServer
-
-        srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx)
-        _HF_SERVERS[llm.model] = srv.start()
-        atexit.register(srv.stop)
-    return llm.model_copy(update={"base_url": _HF_SERVERS[llm.model].base_url})
-
-
 def default_components(cfg: RunConfig) -> Components:
     from trace_rl.core.llm import LLM
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.training.hf_policy import load_model
+    from trace_rl.training.serve import served
 
     serve = lambda llm: served(llm, cfg.serve, cfg.serve_rows)  # noqa: E731
     agent = LLM(serve(cfg.agent_llm()))

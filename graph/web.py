@@ -10,6 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
+from trace_rl.core.records import CapabilityRecord, EnvRecord
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
 pre{background:#f6f6f6;padding:1em;overflow:auto;max-height:420px;font-size:12px}
@@ -26,11 +28,13 @@ def _episode(msgs: list[dict]) -> str:
 
 
 def render_capabilities(item: dict, run_dir: Path) -> str:
+    caps = [CapabilityRecord.model_validate(c) for c in item["items"]]
     rows = "".join(
-        f"<tr><td><input type=checkbox name=approve value='{_e(c['name'])}' checked></td><td><b>{_e(c['name'])}</b>"
-        f"<br><small>{_e(c['description'])}</small></td><td>{c['cov_mean']:.2f}</td><td>{c['delta_mean']:+.2f}</td>"
-        f"<td>{c['runs_passed']}/{c['n_runs']}</td><td>{_e(', '.join(c['example_failed_task_ids'][:3]))}</td></tr>"
-        for c in item["items"])
+        f"<tr><td><input type=checkbox name=approve value='{_e(c.name)}' checked></td><td><b>{_e(c.name)}</b>"
+        f"{' (below threshold)' if c.below_threshold else ''}<br><small>{_e(c.description)}</small></td>"
+        f"<td>{c.cov_mean:.2f}</td><td>{c.delta_mean:+.2f}</td>"
+        f"<td>{c.runs_passed}/{c.n_runs}</td><td>{_e(', '.join(c.example_failed_task_ids[:3]))}</td></tr>"
+        for c in caps)
     plots = sorted(Path(run_dir).glob("iter_*/analysis/cov_delta.png"))
     img = f"<img src='/file?path={_e(plots[-1].relative_to(run_dir))}' width=520>" if plots else ""
     return (f"<form method=post action=/decide><input type=hidden name=id value='{_e(item['id'])}'>"
@@ -40,11 +44,11 @@ def render_capabilities(item: dict, run_dir: Path) -> str:
 
 
 def render_environment(item: dict, run_dir: Path) -> str:
-    env = item.get("env") or {}
-    path = Path(env["env"]) if env.get("env") else None
+    env = EnvRecord.model_validate(item["env"])
+    path = Path(env.env) if env.env else None
     parts = [f"<p>Capability <b>{_e(item['capability']['name'])}</b>: {_e(item['capability']['description'])}</p>",
-             f"<p>Status: <b class={'ok' if item.get('verified') else 'bad'}>{_e(env.get('status'))}</b>, source "
-             f"{_e(env.get('source'))}, builder rounds {_e(env.get('rounds'))}</p>"]
+             f"<p>Status: <b class={'ok' if item.get('verified') else 'bad'}>{_e(env.status)}</b>, source "
+             f"{_e(env.source)}, builder rounds {_e(env.rounds)}</p>"]
     report_path = path.parent / "verifier_report.json" if path else None
     if report_path and report_path.is_file():
         report = json.loads(report_path.read_text())

@@ -11,6 +11,7 @@ and retry, as they do with any endpoint.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -19,9 +20,25 @@ import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from trace_rl.core.llm import parse_tool_calls
 from trace_rl.core.server import ServerProcess, exit_with_parent
+
+
+_HF_SERVERS: dict[str, Any] = {}
+
+
+def served(llm, serve: str, rows: int = 64):
+    """An LLMConfig as the run reaches it: unchanged with a base_url or under llama.cpp (served on
+    first use by core.llm); under serve=hf, pointed at one engine server per model (started once)."""
+    if serve != "hf" or llm.base_url:
+        return llm
+    if llm.model not in _HF_SERVERS:
+        srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx)
+        _HF_SERVERS[llm.model] = srv.start()
+        atexit.register(srv.stop)
+    return llm.model_copy(update={"base_url": _HF_SERVERS[llm.model].base_url})
 
 
 def make_handler(policy, name: str):
