@@ -101,59 +101,42 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
         lines = [render(i, m, cap) for i, m in msgs]
         if len(head) + sum(len(l) + 1 for l in lines) <= budget:
             return head + "\n".join(lines)
-    lines = [render(i, m, 150) for i, m in msgs]
-    keep_head, keep_tail, used = [], [], len(head) + 60
-    i, j = 0, len(lines) - 1
+    keep_head, keep_tail, used = [], [], len(head) + 60  # `lines` holds the shortest cut (150)
+    i, j, front = 0, len(lines) - 1, True
     while i <= j:  # alternate from both ends until the budget is spent
-        for side in (0, 1):
-            if i > j:
-                break
-            line = lines[i] if side == 0 else lines[j]
-            if used + len(line) + 1 > budget:
-                i = j + 1
-                break
-            used += len(line) + 1
-            if side == 0:
-                keep_head.append(line)
-                i += 1
-            else:
-                keep_tail.insert(0, line)
-                j -= 1
+        line = lines[i] if front else lines[j]
+        if used + len(line) + 1 > budget:
+            break
+        used += len(line) + 1
+        if front:
+            keep_head.append(line)
+            i += 1
+        else:
+            keep_tail.insert(0, line)
+            j -= 1
+        front = not front
     elided = len(lines) - len(keep_head) - len(keep_tail)
     return head + "\n".join(keep_head + [f"[... {elided} messages elided ...]"] + keep_tail)
 
 
 # ---------------------------------------------------------------- discovery
-_SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)+$")
+_SNAKE = r"^[a-z][a-z0-9]*(_[a-z0-9]+)+$"
 
 
 class Capability(BaseModel):
-    # pattern / item counts are in the JSON schema too, so constrained decoding enforces them
-    name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)", pattern=_SNAKE.pattern)
+    # pattern / length / item counts are checked by pydantic and are in the JSON schema too, so
+    # constrained decoding enforces them; only the sentence count needs a validator
+    name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)", pattern=_SNAKE)
     description: str = Field(description="2-3 sentences", max_length=600)
     example_task_ids: list[str] = Field(description="2-4 ids of failed tasks that show the gap", min_length=1,
                                         max_length=4)
-
-    @field_validator("name")
-    @classmethod
-    def _snake(cls, v: str) -> str:
-        if not _SNAKE.match(v):
-            raise ValueError(f"name {v!r} must be snake_case with at least two words, e.g. precondition_verification")
-        return v
 
     @field_validator("description")
     @classmethod
     def _sentences(cls, v: str) -> str:
         n = len([s for s in re.split(r"(?<=[.!?])\s+", v.strip()) if s])
-        if not 1 <= n <= 4 or len(v) > 600:
+        if not 1 <= n <= 4:
             raise ValueError("description must be 2-3 sentences (under 600 characters)")
-        return v
-
-    @field_validator("example_task_ids")
-    @classmethod
-    def _examples(cls, v: list[str]) -> list[str]:
-        if not 1 <= len(v) <= 4:
-            raise ValueError("give 2-4 example task ids")
         return v
 
 
