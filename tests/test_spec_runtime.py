@@ -553,6 +553,20 @@ def test_code_repairs_a_small_models_mechanical_slips_and_says_which():
     assert list(fixed["entities"]).index("airport") < list(fixed["entities"]).index("reservation")  # generated first
 
 
+def test_an_entity_declared_after_what_refers_to_it_is_moved_before_it_unless_they_form_a_cycle():
+    s = copy.deepcopy(AIRLINE)  # reservation refers to user; the 1.5B declared them the other way round
+    s["entities"] = {"reservation": s["entities"]["reservation"],
+                     **{k: v for k, v in s["entities"].items() if k != "reservation"}}
+    assert [f["check"] for f in spec_env.static_findings(s, TOOLS)] == ["unknown_entity"]
+    fixed, notes = spec_env.repair_spec(s, TOOLS)
+    assert list(fixed["entities"])[:2] == ["user", "reservation"] and notes == [
+        "entities.user: moved by code before reservation, which refers to it"]
+    assert spec_env.check_spec(fixed, TOOLS) == []
+    s["entities"]["user"]["fields"]["latest"] = {"type": "ref", "entity": "reservation"}  # a cycle: not code's call
+    fixed, notes = spec_env.repair_spec(s, TOOLS)
+    assert notes == [] and "unknown_entity" in [f["check"] for f in spec_env.static_findings(fixed, TOOLS)]
+
+
 def test_a_field_written_as_one_task_name_is_read_from_the_picked_record_and_text_keeps_brackets():
     s = copy.deepcopy(AIRLINE)
     s["user_message"] = "Cancel {task.reservation_id} please [1]."
@@ -572,6 +586,9 @@ def test_a_spec_that_exposes_every_tool_keeps_those_it_uses_and_a_few_others():
     fixed, notes = spec_env.repair_spec(s, tools)
     assert set(AIRLINE["tools"]) <= set(fixed["tools"]) and len(fixed["tools"]) == spec_env.EXPOSED_TOOLS
     assert spec_env.check_spec(fixed, tools) == [] and "kept 5" in notes[-1]
+    s["reference"][0]["when"] = {"op": "not_called", "tool": "search_direct_flight"}  # a tool named only there
+    fixed, _ = spec_env.repair_spec(s, tools)
+    assert "search_direct_flight" in fixed["tools"] and len(fixed["tools"]) == spec_env.EXPOSED_TOOLS
 
 
 def test_what_code_cannot_decide_stays_a_finding_and_hostile_specs_are_left_alone():

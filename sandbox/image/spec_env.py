@@ -753,6 +753,14 @@ def guess_field(field, spec):
     return {"type": "choice", "values": values + [f"other_{field}"] if values else [f"{field}_{i}" for i in (1, 2, 3)]}
 
 
+def _refers(ents, a, b, seen=()):
+    """Whether entity `a`'s fields refer to `b`, directly or through other entities."""
+    fields = (ents.get(a) or {}).get("fields") if isinstance(ents.get(a), dict) else None
+    targets = {f.get("entity") for f in (fields or {}).values() if isinstance(f, dict) and f.get("type") in ("ref", "pick")}
+    return b in targets or any(_refers(ents, x, b, seen + (a,)) for x in targets if isinstance(x, str) and x not in seen
+                               and x != a)
+
+
 def _apply(spec, fix, notes, suggestions):
     kind = fix[0]
     ents = spec.setdefault("entities", {})
@@ -766,6 +774,14 @@ def _apply(spec, fix, notes, suggestions):
         return True
     if kind == "add_entity":
         _, entity, before = fix
+        if isinstance(entity, str) and entity in ents and before in ents:  # declared, but after what refers to it
+            order = [k for k in ents if k != entity]
+            if list(ents).index(entity) < list(ents).index(before) or _refers(ents, entity, before):
+                return False  # a cycle: the builder's decision
+            at = order.index(before)
+            spec["entities"] = {k: ents[k] for k in order[:at] + [entity] + order[at:]}
+            notes.append(f"entities.{entity}: moved by code before {before}, which refers to it")
+            return True
         if entity in ents or not isinstance(entity, str) or not _PATH.fullmatch(entity) or len(ents) >= MAX_ENTITIES:
             return False
         new = {"count": [3, 6], "fields": {f"{entity}_id": guess_field(f"{entity}_id", spec)}}
@@ -833,8 +849,8 @@ def _trim_tools(spec, notes):
     exposed = spec.get("tools")
     if not isinstance(exposed, dict) or len(exposed) <= EXPOSED_TOOLS:
         return
-    used = {x.get("call") for x in _dicts(spec.get("reference"))} | {
-        x.get("tool") for part in ("reward", "task", "tools") for x in _dicts(spec.get(part))}
+    used = {x.get(key) for part in ("reference", "reward", "task", "tools") for x in _dicts(spec.get(part))
+            for key in ("call", "tool")}  # a reference step's `when` names tools too
     keep = [n for n in exposed if n in used]
     keep += [n for n in exposed if n not in used][:max(0, EXPOSED_TOOLS - len(keep))]
     if len(keep) < len(exposed):
@@ -871,7 +887,8 @@ def _task_source(spec, arg):
 def repair_spec(spec, tools, rounds=6, suggestions=None):
     """(repaired copy, notes): what a small builder gets wrong mechanically, fixed by code and said:
     index syntax `a[0].b`, fields used but never declared (typed from their name and the values the
-    spec gives them), entities referred to but never declared, a task value named by an
+    spec gives them), entities referred to but never declared or declared after what refers to them
+    (a reference cycle stays a finding), a task value named by an
     abbreviation, a target tool used but not exposed (`suggestions`: {tool: behaviour}, code's
     guesses made on the host), another domain's tool where this one has one with the same verb, a
     reference call's missing argument that a task value or picked record holds. Everything else
