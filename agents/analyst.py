@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.llm import LLM
+from trace_rl.core.llm import LLM, ReplyError, StructuredOutputError
 from trace_rl.core.records import CapabilityRecord
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.facts import render_facts, trajectory_facts
@@ -182,12 +182,8 @@ def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[st
     return out
 
 
-class AnalystError(ValueError):
-    """The analyst model gave no usable answer; `reply` is its last raw answer."""
-
-    def __init__(self, message: str, reply: str = ""):
-        super().__init__(message)
-        self.reply = reply
+class AnalystError(ReplyError, ValueError):
+    """The analyst model gave no usable answer."""
 
 
 def discovery_examples(trajs: list[Trajectory], n: int) -> list[Trajectory]:
@@ -300,8 +296,6 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
     alias_of = {t.key: a for a, t in named.items()}
     ids = by_id(named)
     out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
-    from trace_rl.core.llm import StructuredOutputError
-
     missing = sorted(want)
     for _ in range(3):
         try:
@@ -507,8 +501,6 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     facts = {t.key: trajectory_facts(t, tools) for t in trajs}
     atomic_write_json(out / "facts.json", facts)
     cand_path = out / "candidates.json"
-    from trace_rl.core.llm import StructuredOutputError
-
     try:
         if cand_path.exists():
             caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]

@@ -12,6 +12,7 @@ import ast
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,6 +23,7 @@ from trace_rl import prompts
 from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox
 from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
+from trace_rl.core.llm import ReplyError, StructuredOutputError
 from trace_rl.core.records import EnvRecord, TrainedOn
 
 
@@ -92,25 +94,25 @@ def build_messages(capability: dict, target: Target, examples: list[str], feedba
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-class BuilderError(ValueError):
-    """The builder gave no valid module; `reply` is its last answer, kept for the record."""
+class BuilderError(ReplyError, ValueError):
+    """The builder gave no valid module or spec."""
 
-    def __init__(self, message: str, reply: str = ""):
-        super().__init__(message)
-        self.reply = reply
+
+def _ask_builder(what: str, ask: Callable):
+    """`ask()`, with every way it fails as a BuilderError: no valid `what` (the last answer kept),
+    or an endpoint that failed (timeout, refused): either way this round fails, on the record."""
+    try:
+        return ask()
+    except StructuredOutputError as err:
+        raise BuilderError(f"env-builder produced no valid {what}: {err}", err.reply) from None
+    except Exception as err:
+        raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
 
 
 def write_env(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
               attempts: int = 3) -> EnvDraft:
-    from trace_rl.core.llm import StructuredOutputError
-
-    try:
-        return llm.ask(build_messages(capability, target, examples, feedback, previous), parse_draft, attempts,
-                       "Send the whole corrected module.")
-    except StructuredOutputError as err:
-        raise BuilderError(f"env-builder produced no valid module: {err}", err.reply) from None
-    except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
-        raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
+    return _ask_builder("module", lambda: llm.ask(build_messages(capability, target, examples, feedback, previous),
+                                                 parse_draft, attempts, "Send the whole corrected module."))
 
 
 # ---------------------------------------------------------------- spec mode (small local models)
@@ -254,8 +256,6 @@ def write_spec(llm, capability: dict, target: Target, examples: list[str], feedb
     """The builder's spec, decoded under EnvSpec's JSON schema (llama.cpp's grammar); a spec with
     no tool of the target goes straight back to it. Everything else is repaired or checked in the
     sandbox (repair_spec, check_spec)."""
-    from trace_rl.core.llm import StructuredOutputError
-
     names = sorted(t["function"]["name"] for t in target.tools)
 
     def known_tools(spec: EnvSpec) -> dict:
@@ -265,14 +265,10 @@ def write_spec(llm, capability: dict, target: Target, examples: list[str], feedb
             raise ValueError(f"tools: {sorted(spec.tools)} are not tools of {target.name}; choose from "
                              f"{', '.join(names)}")
         return spec.to_spec()  # another domain's tool next to real ones: code drops it in the sandbox
-    try:
-        return llm.structured(spec_messages(capability, target, examples, feedback, previous), EnvSpec, attempts,
-                              check=known_tools,  # a bad spec costs a round, which has findings to fix
-                              **({"temperature": 0.7} if previous else {}))  # a later round must not repeat
-    except StructuredOutputError as err:
-        raise BuilderError(f"env-builder produced no valid spec: {err}", err.reply) from None
-    except Exception as err:  # the endpoint failed (timeout, refused): this round fails, on the record
-        raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
+    return _ask_builder("spec", lambda: llm.structured(
+        spec_messages(capability, target, examples, feedback, previous), EnvSpec, attempts,
+        check=known_tools,  # a bad spec costs a round, which has findings to fix
+        **({"temperature": 0.7} if previous else {})))  # a later round must not repeat
 
 
 def attempt_dir(out_dir: str | Path, rnd: int) -> Path:

@@ -91,12 +91,16 @@ class Usage:
         return dict(self.__dict__)
 
 
-class StructuredOutputError(RuntimeError):
-    """No valid answer after the retries; `reply` is the model's last raw answer, for the record."""
+class ReplyError(Exception):
+    """A model gave no usable answer; `reply` is its last raw answer, kept for the record."""
 
     def __init__(self, message: str, reply: str = ""):
         super().__init__(message)
         self.reply = reply
+
+
+class StructuredOutputError(ReplyError, RuntimeError):
+    """No valid answer after the retries."""
 
 
 # ---------------------------------------------------------------- endpoint errors (openai client's types)
