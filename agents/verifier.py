@@ -284,11 +284,6 @@ class Review(BaseModel):
     def _lower(cls, v):
         return v.strip().lower() if isinstance(v, str) else v
 
-    @property
-    def passed(self) -> bool:
-        """A 'pass' that lists problems is a fail: the findings go back to the builder."""
-        return self.verdict == "pass" and not [f for f in self.findings if f.strip()]
-
 
 _WORD = re.compile(r"[a-z_][a-z0-9_]{3,}")
 
