@@ -2,8 +2,11 @@
 name the file and the fix, written atomically."""
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import sqlite3
+import tarfile
 from contextlib import closing
 from pathlib import Path
 
@@ -79,10 +82,6 @@ def pack(run_dir: Path, out_dir: Path, part_mb: int = 15) -> list[Path]:
     a manifest of their sha256. GRPO checkpoints, retired stages and TensorBoard logs stay behind:
     a finished adapter is in the run, and an unfinished GRPO restarts from its last checkpoint only
     where that checkpoint is."""
-    import hashlib
-    import io
-    import tarfile
-
     run_dir, out_dir = Path(run_dir).resolve(), Path(out_dir)  # resolved: `pack .` has a name too
     check_run_dir(run_dir)
     buf = io.BytesIO()
@@ -105,10 +104,6 @@ def pack(run_dir: Path, out_dir: Path, part_mb: int = 15) -> list[Path]:
 def unpack(parts_dir: Path, into: Path) -> Path:
     """The inverse of `pack`: parts checked against their manifest, then extracted under `into`
     (an existing run of that name is refused, not overwritten)."""
-    import hashlib
-    import io
-    import tarfile
-
     manifests = sorted(Path(parts_dir).glob("*.tgz.json"))
     if len(manifests) != 1:
         raise RunDirError(f"{parts_dir}: expected one *.tgz.json manifest from `trace-rl pack`, found {len(manifests)}")
