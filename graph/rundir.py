@@ -89,7 +89,6 @@ def pack(run_dir: Path, out_dir: Path, part_mb: int = 15) -> list[Path]:
         tar.add(run_dir, arcname=run_dir.name,
                 filter=lambda ti: None if set(Path(ti.name).parts) & set(PACK_SKIP) else ti)
     data, size = buf.getvalue(), part_mb << 20
-    out_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     for i in range(0, max(1, len(data)), size):
         part = out_dir / f"{run_dir.name}.tgz.{len(parts):02d}"

@@ -209,8 +209,7 @@ class LoRAMoE(nn.Module):
 
     def save(self, path: str | Path, **manifest) -> None:
         """One artefact: adapters + gates + manifest (with `manifest`'s extra fields)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        path = Path(path)  # atomic_write makes the folder
         atomic_write(path / "moe.pt", lambda tmp: torch.save({
             "gates": self.gates.state_dict(),
             "adapters": [{"name": a.name, "scaling": a.scaling, "weights": a.weights} for a in self.adapters]}, tmp))
