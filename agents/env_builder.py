@@ -155,6 +155,27 @@ def starter_spec(tools: list[dict], name: str = "") -> dict:
                        {"name": "told", "weight": 0.5, "pred": {"op": "reply_contains", "text": code}}]}
 
 
+def copies_starter(spec: dict, tools: list[dict]) -> bool:
+    """Whether a spec still asks, does and rewards exactly what the starter does (look a record up,
+    tell its reference code): the example "trains nothing yet", so a spec that only renamed its
+    entity, tool or slots is not an environment for any capability. The 1.5B sent it back unchanged
+    for three of four capabilities and every automatic check passed it."""
+    try:
+        starter = starter_spec(tools)
+    except ValueError:
+        return False
+    return _task_shape(spec, tools) == _task_shape(starter, tools)
+
+
+def _task_shape(spec: dict, tools: list[dict]) -> str:
+    """The user message, reference and reward with slots, tool names and argument names abstracted."""
+    text = json.dumps([spec.get(k) for k in ("user_message", "reference", "reward")], sort_keys=True)
+    text = re.sub(r"\{\{?\s*task\.[^}]*\}\}?", "{slot}", text)
+    for t in tools:
+        text = text.replace(json.dumps(t["function"]["name"]), '"TOOL"')
+    return re.sub(r'"args": \{[^{}]*\}', '"args": {}', text)
+
+
 def spec_example(capability: str = "", target: str = "") -> str:
     """A verified spec shipped in sandbox/envs/ (one top-level key per line), never one for the
     capability being built, and from another domain when there is one (tests use it)."""
@@ -318,9 +339,15 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
         return json.loads(cached.read_text())
     code = env.read_text()
     spec_path = env.parent / "spec.json"
-    static = [] if not spec_path.is_file() else [  # a spec's own checks first: findings that name its fields
-        Finding(f["check"], False, f["detail"]) for f in
-        check_in_sandbox(json.loads(spec_path.read_text()), target.tools)]
+    spec = json.loads(spec_path.read_text()) if spec_path.is_file() else None
+    static = [] if spec is None else [  # a spec's own checks first: findings that name its fields
+        Finding(f["check"], False, f["detail"]) for f in check_in_sandbox(spec, target.tools)]
+    if spec is not None and copies_starter(spec, target.tools):
+        static.append(Finding("starter_copy", False, (
+            "user_message, reference and reward are the example's (look a record up and tell its reference "
+            f"code), which trains nothing: write a task where {capability['name']} decides the reward "
+            "(records and facts that make a careless agent fail on about half the seeds, the checks or steps "
+            "the capability needs, and a reward component for each)")))
     report = VerifierReport(static) if static else verify(code, target.tools, capability, cfg, reviewer, base_policy)
     repairs_path = env.parent / "repairs.json"
     repairs = json.loads(repairs_path.read_text()) if repairs_path.is_file() else []

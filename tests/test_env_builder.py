@@ -155,6 +155,34 @@ def test_code_suggests_a_behaviour_for_each_target_tool():
     assert list(json.loads(skeletons)["user"]["fields"]) == ["user_id", "email"]  # keyed by the id, then the lookup
 
 
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_a_spec_that_only_renames_the_starter_is_a_finding_and_a_real_one_is_not(domain, tmp_path, monkeypatch):
+    """The 1.5B sent the starter back with its entity renamed for three of four capabilities and
+    every automatic check passed it; it trains nothing, so it is a finding that goes back."""
+    from trace_rl.agents import env_builder
+    from trace_rl.agents.env_builder import copies_starter, spec_example, starter_spec, verify_attempt
+    from trace_rl.evals.benchmark import load_benchmark
+
+    target = Target.of(load_benchmark(f"tau2:{domain}"))
+    copy = json.loads(json.dumps(starter_spec(target.tools, "x")).replace("reference_code", "ref_code"))
+    entity = next(iter(copy["entities"]))
+    copy = json.loads(json.dumps(copy).replace(f"task.{entity}.", "task.thing.").replace(f'"{entity}"', '"thing"'))
+    assert copies_starter(copy, target.tools)
+    assert not copies_starter(json.loads(spec_example("x", f"tau2:{domain}")), target.tools)
+    extended = json.loads(json.dumps(copy))
+    extended["reward"].append({"name": "no_cancel", "weight": 0.2, "pred": {"op": "not_called", "tool": "x"}})
+    assert not copies_starter(extended, target.tools)  # extending it is what the builder is asked to do
+
+    monkeypatch.setattr(env_builder, "check_in_sandbox", lambda spec, tools: [])  # the spec's own checks pass
+    adir = tmp_path / "attempt_01"
+    adir.mkdir()
+    (adir / "spec.json").write_text(json.dumps(copy))
+    (adir / "env.py").write_text("# rendered")
+    report = verify_attempt({"round": 1, "env": str(adir / "env.py")}, {"name": "precondition_verification"}, target)
+    assert not report["passed"] and "starter_copy" in report["feedback"]
+    assert "precondition_verification decides the reward" in report["feedback"]
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
 def test_the_starter_spec_code_writes_is_valid_on_each_target(domain, sandbox_image):
