@@ -1,25 +1,29 @@
 """A spec-built environment: the data below, run by spec_env.SpecEnv (sandbox/image/spec_env.py)."""
 from spec_env import SpecEnv
 
-SPEC = {'entities': {'user': {'count': [3, 6],
+SPEC = {'entities': {'reservation': {'count': [3, 6],
+                              'fields': {'reservation_id': {'type': 'id', 'pattern': 'R{n:04d}'},
+                                         'status': {'type': 'choice',
+                                                    'values': ['cancelled', 'other_status']},
+                                         'reference_code': {'type': 'choice',
+                                                            'values': ['reference_code_1',
+                                                                       'reference_code_2',
+                                                                       'reference_code_3']}}},
+              'user': {'count': [3, 6],
                        'fields': {'user_id': {'type': 'id', 'pattern': 'U{n:04d}'},
                                   'email': {'type': 'const', 'value': 'example@example.com'},
                                   'addresses': {'type': 'choice', 'values': ['123 Main St', '456 Elm St']},
-                                  'date_of_birth': {'type': 'int', 'min': 1900, 'max': 2023},
+                                  'date_of_birth': {'type': 'int', 'min': 1980, 'max': 2023},
                                   'payment_methods': {'type': 'choice',
                                                       'values': ['credit card',
                                                                  'gift card',
                                                                  'travel certificate']},
                                   'membership_level': {'type': 'choice',
-                                                       'values': ['regular', 'premium', 'vip']}}},
-              'reservation': {'count': [3, 6],
-                              'fields': {'reservation_id': {'type': 'id', 'pattern': 'R{n:04d}'},
-                                         'status': {'type': 'choice',
-                                                    'values': ['cancelled', 'other_status']}}},
+                                                       'values': ['regular', 'premium', 'gold']},
+                                  'reservation_numbers': {'type': 'ref', 'entity': 'reservation'}}},
               'flight': {'count': [3, 6],
-                         'fields': {'flight_id': {'type': 'id', 'pattern': 'F{n:04d}'},
-                                    'origin': {'type': 'choice',
-                                               'values': ['origin_1', 'origin_2', 'origin_3']},
+                         'fields': {'origin': {'type': 'id', 'pattern': 'F{n:04d}'},
+                                    'flight_number': {'type': 'id', 'pattern': 'flight_number_{n:03d}'},
                                     'destination': {'type': 'choice',
                                                     'values': ['destination_1',
                                                                'destination_2',
@@ -33,37 +37,12 @@ SPEC = {'entities': {'user': {'count': [3, 6],
                                   'arg': 'reservation_id',
                                   'set': {'status': 'cancelled'}},
            'get_reservation_details': {'kind': 'read', 'entity': 'reservation', 'arg': 'reservation_id'},
-           'get_user_details': {'kind': 'read', 'entity': 'user', 'arg': 'user_id'},
-           'list_all_airports': {'kind': 'const', 'result': '...'},
-           'search_direct_flight': {'kind': 'list',
-                                    'entity': 'flight',
-                                    'where': {'origin': '{args.origin}',
-                                              'destination': '{args.destination}',
-                                              'date': '{args.date}'}},
-           'search_onestop_flight': {'kind': 'list',
-                                     'entity': 'flight',
-                                     'where': {'origin': '{args.origin}',
-                                               'destination': '{args.destination}',
-                                               'date': '{args.date}'}},
-           'send_certificate': {'kind': 'update', 'entity': 'user', 'arg': 'user_id', 'set': {}},
-           'transfer_to_human_agents': {'kind': 'const', 'result': '...'},
-           'update_reservation_baggages': {'kind': 'update',
-                                           'entity': 'reservation',
-                                           'arg': 'reservation_id',
-                                           'set': {}},
-           'update_reservation_flights': {'kind': 'update',
-                                          'entity': 'reservation',
-                                          'arg': 'reservation_id',
-                                          'set': {}},
-           'update_reservation_passengers': {'kind': 'update',
-                                             'entity': 'reservation',
-                                             'arg': 'reservation_id',
-                                             'set': {}}},
+           'get_user_details': {'kind': 'read', 'entity': 'user', 'arg': 'user_id'}},
  'system_prompt': 'Help the user with the tools; check records before you answer.',
- 'user_message': 'What is the status of {task.reservation.reservation_id}?',
+ 'user_message': 'What is the reference code of {task.reservation.reservation_id}?',
  'reference': [{'call': 'get_reservation_details',
                 'args': {'reservation_id': '{task.reservation.reservation_id}'}},
-               {'reply': 'It is {task.reservation.status}.'}],
+               {'reply': 'It is {task.reservation.reference_code}.'}],
  'reward': [{'name': 'looked_up',
              'weight': 0.5,
              'pred': {'op': 'called',
@@ -71,7 +50,7 @@ SPEC = {'entities': {'user': {'count': [3, 6],
                       'args': {'reservation_id': '{task.reservation.reservation_id}'}}},
             {'name': 'told',
              'weight': 0.5,
-             'pred': {'op': 'reply_contains', 'text': '{task.reservation.status}'}}]}
+             'pred': {'op': 'reply_contains', 'text': '{task.reservation.reference_code}'}}]}
 
 TOOLS = [{'type': 'function',
   'function': {'name': 'book_reservation',
@@ -240,191 +219,6 @@ TOOLS = [{'type': 'function',
                                                          'title': 'User Id',
                                                          'type': 'string'}},
                               'required': ['user_id'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'list_all_airports',
-               'description': 'Returns a list of all available airports.',
-               'parameters': {'properties': {}, 'title': 'parameters', 'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'search_direct_flight',
-               'description': 'Search for direct flights between two cities on a specific date.',
-               'parameters': {'properties': {'origin': {'description': 'The origin city airport in three '
-                                                                       "letters, such as 'JFK'.",
-                                                        'title': 'Origin',
-                                                        'type': 'string'},
-                                             'destination': {'description': 'The destination city airport in '
-                                                                            "three letters, such as 'LAX'.",
-                                                             'title': 'Destination',
-                                                             'type': 'string'},
-                                             'date': {'description': 'The date of the flight in the format '
-                                                                     "'YYYY-MM-DD', such as '2024-01-01'.",
-                                                      'title': 'Date',
-                                                      'type': 'string'}},
-                              'required': ['origin', 'destination', 'date'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'search_onestop_flight',
-               'description': 'Search for one-stop flights between two cities on a specific date.',
-               'parameters': {'properties': {'origin': {'description': 'The origin city airport in three '
-                                                                       "letters, such as 'JFK'.",
-                                                        'title': 'Origin',
-                                                        'type': 'string'},
-                                             'destination': {'description': 'The destination city airport in '
-                                                                            "three letters, such as 'LAX'.",
-                                                             'title': 'Destination',
-                                                             'type': 'string'},
-                                             'date': {'description': 'The date of the flight in the format '
-                                                                     "'YYYY-MM-DD', such as '2024-05-01'.",
-                                                      'title': 'Date',
-                                                      'type': 'string'}},
-                              'required': ['origin', 'destination', 'date'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'send_certificate',
-               'description': 'Send a certificate to a user. Be careful!',
-               'parameters': {'properties': {'user_id': {'description': 'The ID of the user to book the '
-                                                                        'reservation, such as '
-                                                                        "'sara_doe_496'.",
-                                                         'title': 'User Id',
-                                                         'type': 'string'},
-                                             'amount': {'description': 'The amount of the certificate to '
-                                                                       'send.',
-                                                        'title': 'Amount',
-                                                        'type': 'integer'}},
-                              'required': ['user_id', 'amount'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'transfer_to_human_agents',
-               'description': "Transfer the user to a human agent, with a summary of the user's issue.\n"
-                              '\n'
-                              'Only transfer if\n'
-                              ' -  the user explicitly asks for a human agent\n'
-                              " -  given the policy and the available tools, you cannot solve the user's "
-                              'issue.',
-               'parameters': {'properties': {'summary': {'description': "A summary of the user's issue.",
-                                                         'title': 'Summary',
-                                                         'type': 'string'}},
-                              'required': ['summary'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'update_reservation_baggages',
-               'description': 'Update the baggage information of a reservation.',
-               'parameters': {'properties': {'reservation_id': {'description': 'The reservation ID, such as '
-                                                                               "'ZFA04Y'",
-                                                                'title': 'Reservation Id',
-                                                                'type': 'string'},
-                                             'total_baggages': {'description': 'The updated total number of '
-                                                                               'baggage items included in '
-                                                                               'the reservation.',
-                                                                'title': 'Total Baggages',
-                                                                'type': 'integer'},
-                                             'nonfree_baggages': {'description': 'The updated number of '
-                                                                                 'non-free baggage items '
-                                                                                 'included in the '
-                                                                                 'reservation.',
-                                                                  'title': 'Nonfree Baggages',
-                                                                  'type': 'integer'},
-                                             'payment_id': {'description': 'The payment id stored in user '
-                                                                           'profile, such as '
-                                                                           "'credit_card_7815826', "
-                                                                           "'gift_card_7815826', "
-                                                                           "'certificate_7815826'.",
-                                                            'title': 'Payment Id',
-                                                            'type': 'string'}},
-                              'required': ['reservation_id',
-                                           'total_baggages',
-                                           'nonfree_baggages',
-                                           'payment_id'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'update_reservation_flights',
-               'description': 'Update the flight information of a reservation.',
-               'parameters': {'$defs': {'FlightInfo': {'properties': {'flight_number': {'description': 'Flight '
-                                                                                                       'number, '
-                                                                                                       'such '
-                                                                                                       'as '
-                                                                                                       "'HAT001'.",
-                                                                                        'title': 'Flight '
-                                                                                                 'Number',
-                                                                                        'type': 'string'},
-                                                                      'date': {'description': 'The date for '
-                                                                                              'the flight in '
-                                                                                              'the format '
-                                                                                              "'YYYY-MM-DD', "
-                                                                                              'such as '
-                                                                                              "'2024-05-01'.",
-                                                                               'title': 'Date',
-                                                                               'type': 'string'}},
-                                                       'required': ['flight_number', 'date'],
-                                                       'title': 'FlightInfo',
-                                                       'type': 'object'}},
-                              'properties': {'reservation_id': {'description': 'The reservation ID, such as '
-                                                                               "'ZFA04Y'.",
-                                                                'title': 'Reservation Id',
-                                                                'type': 'string'},
-                                             'cabin': {'description': 'The cabin class of the reservation',
-                                                       'enum': ['business', 'economy', 'basic_economy'],
-                                                       'title': 'Cabin',
-                                                       'type': 'string'},
-                                             'flights': {'description': 'An array of objects containing '
-                                                                        'details about each piece of flight '
-                                                                        'in the ENTIRE new reservation. Even '
-                                                                        'if the a flight segment is not '
-                                                                        'changed, it should still be '
-                                                                        'included in the array.',
-                                                         'items': {'anyOf': [{'$ref': '#/$defs/FlightInfo'},
-                                                                             {'additionalProperties': True,
-                                                                              'type': 'object'}]},
-                                                         'title': 'Flights',
-                                                         'type': 'array'},
-                                             'payment_id': {'description': 'The payment id stored in user '
-                                                                           'profile, such as '
-                                                                           "'credit_card_7815826', "
-                                                                           "'gift_card_7815826', "
-                                                                           "'certificate_7815826'.",
-                                                            'title': 'Payment Id',
-                                                            'type': 'string'}},
-                              'required': ['reservation_id', 'cabin', 'flights', 'payment_id'],
-                              'title': 'parameters',
-                              'type': 'object'}}},
- {'type': 'function',
-  'function': {'name': 'update_reservation_passengers',
-               'description': 'Update the passenger information of a reservation.',
-               'parameters': {'$defs': {'Passenger': {'properties': {'first_name': {'description': "Passenger's "
-                                                                                                   'first '
-                                                                                                   'name',
-                                                                                    'title': 'First Name',
-                                                                                    'type': 'string'},
-                                                                     'last_name': {'description': "Passenger's "
-                                                                                                  'last name',
-                                                                                   'title': 'Last Name',
-                                                                                   'type': 'string'},
-                                                                     'dob': {'description': 'Date of birth '
-                                                                                            'in YYYY-MM-DD '
-                                                                                            'format',
-                                                                             'title': 'Dob',
-                                                                             'type': 'string'}},
-                                                      'required': ['first_name', 'last_name', 'dob'],
-                                                      'title': 'Passenger',
-                                                      'type': 'object'}},
-                              'properties': {'reservation_id': {'description': 'The reservation ID, such as '
-                                                                               "'ZFA04Y'.",
-                                                                'title': 'Reservation Id',
-                                                                'type': 'string'},
-                                             'passengers': {'description': 'An array of objects containing '
-                                                                           'details about each passenger.',
-                                                            'items': {'anyOf': [{'$ref': '#/$defs/Passenger'},
-                                                                                {'additionalProperties': True,
-                                                                                 'type': 'object'}]},
-                                                            'title': 'Passengers',
-                                                            'type': 'array'}},
-                              'required': ['reservation_id', 'passengers'],
                               'title': 'parameters',
                               'type': 'object'}}}]
 
