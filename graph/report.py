@@ -2,6 +2,7 @@
 table. One reader of the typed records for report.json/report.md, `trace-rl status` and the web page."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from trace_rl.core.io import atomic_write_json, atomic_write_text
@@ -30,6 +31,15 @@ def row_notes(s: dict) -> dict[str, str]:
     return notes
 
 
+def calibrated(env_path: str) -> bool:
+    """Whether the verifier measured this environment with the base model (its report says)."""
+    report = Path(env_path).parent / "verifier_report.json"
+    try:
+        return json.loads(report.read_text()).get("calibration") is not None
+    except (OSError, ValueError, AttributeError):
+        return True  # no report to read (a library env verified elsewhere): nothing to say
+
+
 def stage_summary(s: dict) -> list[dict]:
     """What each stage produced, substituted or skipped, in words: the report's first table."""
     rows = []
@@ -52,7 +62,8 @@ def stage_summary(s: dict) -> list[dict]:
     for name, env in (s.get("envs") or {}).items():
         outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status
         rows.append({"stage": "synthesise", "outcome": outcome, "detail": f"{name}: " + (
-            env.substitute or env.reason or f"{env.status} after {env.rounds} builder round(s)")})
+            env.substitute or env.reason or f"{env.status} after {env.rounds} builder round(s)") + (
+            "; not calibrated (calibrate is off)" if env.env and not calibrated(env.env) else "")})
     a: AdapterRecord
     for a in (s.get("adapters") or {}).values():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""

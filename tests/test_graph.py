@@ -66,6 +66,8 @@ def test_full_path_keeps_the_planted_capability_and_loops_verify_to_build(refere
     report = json.loads((run / "report.json").read_text())
     assert set(report["timings"]) >= {"rollout", "analyse", "synthesise", "train", "compose", "evaluate"}
     assert "| lookup_before_answering |" in (run / "report.md").read_text()
+    synth = next(r for r in report["stages"] if r["stage"] == "synthesise")
+    assert synth["detail"].endswith("not calibrated (calibrate is off)")  # the doubles' config turns it off
     transfer = state["results"]["base"]["transfer"]["lookup_before_answering"]  # measured by code on every row
     assert transfer["episodes"] == state["results"]["base"]["episodes"] and 0 <= transfer["rate"] <= 1
     assert "## Capability transfer" in (run / "report.md").read_text()
