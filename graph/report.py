@@ -31,13 +31,19 @@ def row_notes(s: dict) -> dict[str, str]:
     return notes
 
 
+def verifier_report(env_path: str) -> dict | None:
+    """The verifier's report written beside an environment module, None where there is none."""
+    path = Path(env_path).parent / "verifier_report.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def calibrated(env_path: str) -> bool:
     """Whether the verifier measured this environment with the base model (its report says)."""
-    report = Path(env_path).parent / "verifier_report.json"
     try:
-        return json.loads(report.read_text()).get("calibration") is not None
-    except (OSError, ValueError, AttributeError):
+        report = verifier_report(env_path)
+    except (OSError, ValueError):
         return True  # no report to read (a library env verified elsewhere): nothing to say
+    return not isinstance(report, dict) or report.get("calibration") is not None
 
 
 def stage_summary(s: dict) -> list[dict]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from trace_rl.core.records import CapabilityRecord, EnvRecord
+from trace_rl.graph.report import verifier_report
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
@@ -49,9 +50,7 @@ def render_environment(item: dict, run_dir: Path) -> str:
     parts = [f"<p>Capability <b>{_e(item['capability']['name'])}</b>: {_e(item['capability']['description'])}</p>",
              f"<p>Status: <b class={'ok' if item.get('verified') else 'bad'}>{_e(env.status)}</b>, source "
              f"{_e(env.source)}, builder rounds {_e(env.rounds)}</p>"]
-    report_path = path.parent / "verifier_report.json" if path else None
-    if report_path and report_path.is_file():
-        report = json.loads(report_path.read_text())
+    if report := verifier_report(env.env) if env.env else None:
         parts.append("<h3>Verifier findings</h3><table><tr><th>check</th><th>result</th><th>detail</th></tr>" + "".join(
             f"<tr><td>{_e(f['check'])}</td><td class={'ok' if f['passed'] else 'bad'}>{'pass' if f['passed'] else 'FAIL'}"
             f"</td><td>{_e(f['detail'])}</td></tr>" for f in report.get("findings", [])) + "</table>")
