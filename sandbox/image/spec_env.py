@@ -755,10 +755,11 @@ def guess_field(field, spec):
 
 def _refers(ents, a, b, seen=()):
     """Whether entity `a`'s fields refer to `b`, directly or through other entities."""
-    fields = (ents.get(a) or {}).get("fields") if isinstance(ents.get(a), dict) else None
-    targets = {f.get("entity") for f in (fields or {}).values() if isinstance(f, dict) and f.get("type") in ("ref", "pick")}
-    return b in targets or any(_refers(ents, x, b, seen + (a,)) for x in targets if isinstance(x, str) and x not in seen
-                               and x != a)
+    seen += (a,)
+    fields = ents[a].get("fields") if isinstance(ents.get(a), dict) else None
+    targets = {f.get("entity") for f in (fields if isinstance(fields, dict) else {}).values()
+               if isinstance(f, dict) and f.get("type") in ("ref", "pick")}
+    return b in targets or any(_refers(ents, x, b, seen) for x in targets if isinstance(x, str) and x not in seen)
 
 
 def _apply(spec, fix, notes, suggestions):
@@ -775,11 +776,12 @@ def _apply(spec, fix, notes, suggestions):
     if kind == "add_entity":
         _, entity, before = fix
         if isinstance(entity, str) and entity in ents and before in ents:  # declared, but after what refers to it
-            order = [k for k in ents if k != entity]
-            if list(ents).index(entity) < list(ents).index(before) or _refers(ents, entity, before):
+            names = list(ents)
+            if names.index(entity) < names.index(before) or _refers(ents, entity, before):
                 return False  # a cycle: the builder's decision
-            at = order.index(before)
-            spec["entities"] = {k: ents[k] for k in order[:at] + [entity] + order[at:]}
+            names.remove(entity)
+            names.insert(names.index(before), entity)
+            spec["entities"] = {k: ents[k] for k in names}
             notes.append(f"entities.{entity}: moved by code before {before}, which refers to it")
             return True
         if entity in ents or not isinstance(entity, str) or not _PATH.fullmatch(entity) or len(ents) >= MAX_ENTITIES:
