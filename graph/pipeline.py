@@ -284,13 +284,9 @@ class Pipeline:
             policies, skipped = {"base": self.comps.agent}, {m: notes[m] for m in ("router", "moe")}
         target = s.get("target_adapter")
         if target is not None and not target.untrained:
-            from peft import PeftModel
+            from trace_rl.training.train import target_policy
 
-            from trace_rl.training.hf_policy import HFPolicy
-
-            model, tok = self.comps.load_base()
-            policies["grpo_target"] = HFPolicy(PeftModel.from_pretrained(model, target.adapter).eval(), tok,
-                                               "grpo_target", max_new_tokens=cfg.agent.max_tokens)
+            policies["grpo_target"] = target_policy(target, self.comps.load_base, cfg.agent.max_tokens)
         elif target is not None:
             skipped["grpo_target"] = "grpo_target = base: no GRPO step on the target had a reward signal"
         results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),

@@ -61,6 +61,15 @@ def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: 
     return record
 
 
+def target_policy(record: AdapterRecord, load_base: Callable[[], tuple], max_new_tokens: int) -> HFPolicy:
+    """The GRPO-on-target row's agent: the frozen base with the target's adapter."""
+    from peft import PeftModel
+
+    model, tok = load_base()
+    return HFPolicy(PeftModel.from_pretrained(model, record.adapter).eval(), tok, "grpo_target",
+                    max_new_tokens=max_new_tokens)
+
+
 def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
                      settings: GRPOSettings, *, trained_on: TrainedOn, train_seeds: int = 1000,
                      heldout_seeds: int = 20, substitute: str | None = None, log=print) -> AdapterRecord | None:
