@@ -6,13 +6,19 @@
 #   model               reassemble + sha256-check the 1.5B, convert it for transformers (once per machine)
 #   analyse SECONDS     rollouts + analysis on τ² telecom into /tmp/proof (stops at the capabilities
 #                       approval), then pack it into $OUT/proof
-#   resume SECONDS      unpack the carried .device/run (the run as the CPU machine left it: envs built
-#                       and verified in Docker), resume it on the engine (train, compose, evaluate), pack it
+#   target STEPS SECS   GRPO on the target (the baseline) into /tmp/proof/train_target with STEPS steps
+#                       (= the capabilities' steps together), while the CPU machine builds: it needs no env
+#   keep SECONDS        hold the machine (sleep) while the CPU machine is still building
+#   resume SECONDS [new] with `new`: unpack the carried .device/run (the run as the CPU machine left it:
+#                       envs built and verified in Docker), keeping the train_target/ this machine made;
+#                       then resume it on the engine (train, compose, evaluate) and pack it. Without `new`,
+#                       continue the run already here (a cut resume)
 # A run cut by SECONDS is packed all the same: `trace-rl resume` continues it where its checkpoint is.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-MODEL=qwen2.5-coder-1.5b
+MODEL=${MODEL:-qwen2.5-coder-1.5b}
+CONFIG=${CONFIG:-docs/examples/gpu/proof.yaml}
 RUN=/tmp/proof
 cli() { python3 -m trace_rl.graph.cli "$@"; }
 pack() { rm -rf "$OUT/proof"; cli pack "$RUN" --out "$OUT/proof" --part-mb 15; }
@@ -28,14 +34,33 @@ case "${1:-}" in
   analyse)
     source scripts/device_env.sh /nonexistent
     # every field the later stages read is set now, so the CPU and GPU halves share one config
-    timeout "${2:-420}" python3 -m trace_rl.graph.cli run --run-dir "$RUN" --preset gpu -c docs/examples/gpu/proof.yaml \
+    timeout "${2:-420}" python3 -m trace_rl.graph.cli run --run-dir "$RUN" --preset gpu -c "$CONFIG" \
       --no-wait --no-web 2>&1 | tee "$OUT/analyse.log"
     pack ;;
+  target)
+    source scripts/device_env.sh /nonexistent
+    # serve=llama.cpp here only so that no engine server starts: this step calls no LLM (telecom is solo)
+    timeout "${3:-540}" python3 - "$RUN" "$2" <<'PY' 2>&1 | tee "$OUT/target.log"
+import sys
+from trace_rl.graph.pipeline import Pipeline
+from trace_rl.graph.rundir import load_saved_config
+run, steps = sys.argv[1], int(sys.argv[2])
+cfg = load_saved_config(run)
+cfg = cfg.model_copy(update={"serve": "llama.cpp", "grpo": cfg.grpo.model_copy(update={"steps": steps})})
+print(Pipeline(run, cfg).train_target({})["target_adapter"])
+PY
+    ;;
+  keep) sleep "${2:-60}"; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   resume)
     source scripts/device_env.sh /nonexistent
-    [ -d "$RUN" ] || cli unpack .device/run --into /tmp || exit 1
+    if [ "${3:-}" = new ]; then
+      rm -rf /tmp/unpacked && cli unpack .device/run --into /tmp/unpacked || exit 1
+      [ -d "$RUN/train_target" ] && cp -r "$RUN/train_target" /tmp/unpacked/proof/
+      rm -rf "$RUN" && mv /tmp/unpacked/proof "$RUN"
+    fi
+    [ -d "$RUN" ] || { echo "no run at $RUN: resume SECONDS new, carrying .device/run" >&2; exit 1; }
     timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --no-wait --no-web 2>&1 \
       | tee "$OUT/resume.log"
     pack ;;
-  *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | resume [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | target STEPS [SECONDS] | keep SECONDS | resume SECONDS [new]" >&2; exit 2 ;;
 esac
