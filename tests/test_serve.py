@@ -69,3 +69,31 @@ def test_the_server_runs_as_a_child_process_and_stops(tmp_path):
         assert reply.completion_tokens > 0
         proc = srv.proc
     assert proc.poll() is not None  # gone with the context
+
+
+def test_schema_prefix_opens_the_asked_object_in_both_request_forms():
+    from pydantic import BaseModel
+
+    from trace_rl.training.serve import schema_prefix
+
+    class Candidates(BaseModel):
+        capabilities: list[str]
+        note: str = ""
+
+    llm = LLM(LLMConfig(model="tiny", base_url="http://x/v1"))
+    openai_form = llm.response_format(Candidates)
+    llama_form = {"type": "json_object", "schema": Candidates.model_json_schema()}
+    assert schema_prefix(openai_form) == schema_prefix(llama_form) == '{"capabilities": '
+    assert schema_prefix({"type": "json_schema", "json_schema": {"schema": {
+        "properties": {"a": {}, "b": {}}, "required": ["b"]}}}) == '{"b": '  # a required key first
+    assert schema_prefix(None) == schema_prefix({"type": "json_object"}) == ""
+
+
+def test_a_structured_request_gets_a_reply_that_starts_the_schema_and_a_plain_one_does_not(server):
+    url, _ = server
+    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=16))
+    msgs = [{"role": "user", "content": "name one capability"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "C", "schema": {
+        "properties": {"capabilities": {"type": "array"}}, "required": ["capabilities"]}}}
+    assert llm.chat(msgs, response_format=fmt).content.startswith('{"capabilities": ')
+    assert not (llm.chat(msgs).content or "").startswith('{"capabilities": ')

@@ -3,8 +3,8 @@ for machines without llama.cpp (a GPU machine): the user simulator, the analyst,
 
 Concurrent requests decode together (the engine's batcher), a conversation's earlier turns and a
 shared system prompt stay in its cache. Tool calls are parsed from the text, as for llama.cpp
-with the model's own template. `response_format` is not enforced (no grammar): callers validate
-and retry, as they do with any endpoint.
+with the model's own template. `response_format` is not enforced (no grammar): the reply is started
+with the schema's first key (schema_prefix) and callers validate and retry, as with any endpoint.
 
     python -m trace_rl.training.serve --model qwen2.5-coder-1.5b --port 8081 [--rows 64]
 """
@@ -41,6 +41,21 @@ def served(llm, serve: str, rows: int = 64):
     return llm.model_copy(update={"base_url": _HF_SERVERS[llm.model].base_url})
 
 
+def schema_prefix(response_format: dict | None) -> str:
+    """The opening of the JSON object that `response_format`'s schema asks for (`{"capabilities": `).
+    The engine has no grammar; written into the assistant's turn, this opening holds a small model to
+    the asked shape (the 0.5B otherwise answers an analyst prompt with a tool call of its own). Not a
+    guarantee: the client still validates and retries. Both forms: OpenAI's json_schema, and
+    llama.cpp's json_object + schema."""
+    rf = response_format or {}
+    schema = rf.get("schema") or (rf.get("json_schema") or {}).get("schema") or {}
+    props = list(schema.get("properties") or {}) if isinstance(schema, dict) else []
+    if not props:
+        return ""
+    required = schema.get("required") or []
+    return '{"' + next((p for p in props if p in required), props[0]) + '": '
+
+
 def make_handler(policy, name: str):
     """The request handler for one model (`policy`: an HFPolicy, whose engine batches requests)."""
     from trace_rl.training.engine import Request
@@ -75,7 +90,8 @@ def make_handler(policy, name: str):
             try:
                 req = json.loads(body or b"{}")
                 messages, tools = req["messages"], req.get("tools") or None
-                ids = encode(tok, render(tok, messages, tools, add_generation_prompt=True))
+                prefix = "" if tools else schema_prefix(req.get("response_format"))
+                ids = encode(tok, render(tok, messages, tools, add_generation_prompt=True) + prefix)
                 max_new = int(req.get("max_tokens") or req.get("max_completion_tokens") or 512)
                 temp = float(req.get("temperature") if req.get("temperature") is not None else 0.0)
                 if max_new < 1 or not ids or temp < 0:
@@ -94,7 +110,7 @@ def make_handler(policy, name: str):
                 new = policy.batcher.submit(Request(ids, max_new, temp))
             except Exception as err:  # the engine failed: the client sees a 500, the server lives on
                 return self._send(500, {"error": {"message": f"{type(err).__name__}: {err}"}})
-            text = tok.decode(new, skip_special_tokens=True).strip()
+            text = prefix + tok.decode(new, skip_special_tokens=True).strip()
             calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
             stopped = bool(new) and new[-1] in stops
             message = {"role": "assistant", "content": None if calls else text}
