@@ -1,0 +1,77 @@
+"""Discovery on the engine's server (no grammar), with and without the schema prefix
+(training/serve.schema_prefix), side by side on one run's real rollouts: does the analyst's first
+structured call come back as valid candidates, and after how many attempts?
+
+    python benchmarks/structured_discovery.py RUN_DIR [--model qwen2.5-coder-0.5b] [--attempts 5]
+
+RUN_DIR: a run with iter_0/rollouts and iter_0/analysis/facts.json (e.g. the GPU proof run's
+phase A, docs/examples/gpu). Each arm calls agents.analyst.discover exactly as the analyse stage
+does (same messages, same retries with the validation error), against an in-process server.
+"""
+import argparse
+import json
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import trace_rl.training.serve as serve
+from trace_rl.agents.analyst import discover
+from trace_rl.core.llm import LLM, LLMConfig
+from trace_rl.core.server import free_port
+from trace_rl.core.trajectory import TrajectoryStore
+from trace_rl.graph.rundir import load_saved_config
+from trace_rl.training.hf_policy import HFPolicy
+
+
+def arm(policy, name: str, prefix: bool, trajs, cfg, facts, attempts: int) -> dict:
+    real = serve.schema_prefix
+    serve.schema_prefix = real if prefix else (lambda rf: "")
+    port = free_port()
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), serve.make_handler(policy, name))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    llm = LLM(LLMConfig(model=name, base_url=f"http://127.0.0.1:{port}/v1", max_tokens=cfg["analyst"]["max_tokens"],
+                        temperature=cfg["analyst"]["temperature"], retries=0))
+    calls, t0, outcome = [], time.perf_counter(), ""
+    real_complete = llm._complete
+    llm._complete = lambda *a, **kw: calls.append(1) or real_complete(*a, **kw)
+    try:
+        caps = discover(llm, trajs, cfg["analysis_model"], attempts=attempts, facts=facts)
+        outcome = "valid: " + ", ".join(c.name for c in caps)
+    except Exception as err:  # the analyst gave no valid answer: what the stage would report
+        outcome = f"{type(err).__name__}: {str(err).splitlines()[-2][:60]} | last reply: " \
+                  f"{' '.join(str(getattr(err, 'reply', '')).split())[:150]}"
+    finally:
+        httpd.shutdown()
+        serve.schema_prefix = real
+    return {"calls": len(calls), "seconds": time.perf_counter() - t0, "outcome": outcome}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--attempts", type=int, default=5)
+    ap.add_argument("--max-len", type=int, default=8192)
+    args = ap.parse_args()
+    run_cfg = load_saved_config(args.run_dir)
+    trajs = TrajectoryStore(args.run_dir / "iter_0" / "rollouts").all()
+    facts = json.loads((args.run_dir / "iter_0" / "analysis" / "facts.json").read_text())
+    cfg = {"analyst": run_cfg.analyst.model_dump(), "analysis_model": run_cfg.analysis}
+    policy = HFPolicy.load(args.model, rows=2, max_len=args.max_len)
+    rows = {label: arm(policy, args.model, on, trajs, cfg, facts, args.attempts)
+            for label, on in (("no prefix (before)", False), ("schema prefix (after)", True))}
+    table = Table(title=f"discovery on the engine server: {args.model}, {len(trajs)} trajectories, "
+                        f"up to {args.attempts} attempts")
+    for col in ("arm", "calls", "seconds", "outcome"):
+        table.add_column(col)
+    for label, r in rows.items():
+        table.add_row(label, str(r["calls"]), f"{r['seconds']:.0f}", r["outcome"])
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()
