@@ -17,31 +17,30 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-
-import trace_rl.training.serve as serve
-from trace_rl.agents.analyst import discover
-from trace_rl.core.llm import LLM, LLMConfig
+from trace_rl.agents.analyst import AnalystError, discover
+from trace_rl.core.llm import LLM, LLMConfig, StructuredOutputError
 from trace_rl.core.server import free_port
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.graph.rundir import load_saved_config
+from trace_rl.training import serve
 from trace_rl.training.hf_policy import HFPolicy
 
 
-def arm(policy, name: str, prefix: bool, trajs, cfg, facts, attempts: int) -> dict:
+def arm(policy, name: str, prefix: bool, trajs, run_cfg, facts, attempts: int) -> dict:
     real = serve.schema_prefix
     serve.schema_prefix = real if prefix else (lambda rf: "")
     port = free_port()
     httpd = ThreadingHTTPServer(("127.0.0.1", port), serve.make_handler(policy, name))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    llm = LLM(LLMConfig(model=name, base_url=f"http://127.0.0.1:{port}/v1", max_tokens=cfg["analyst"]["max_tokens"],
-                        temperature=cfg["analyst"]["temperature"], retries=0))
+    llm = LLM(LLMConfig(model=name, base_url=f"http://127.0.0.1:{port}/v1", max_tokens=run_cfg.analyst.max_tokens,
+                        temperature=run_cfg.analyst.temperature, retries=0))
     calls, t0, outcome = [], time.perf_counter(), ""
     real_complete = llm._complete
     llm._complete = lambda *a, **kw: calls.append(1) or real_complete(*a, **kw)
     try:
-        caps = discover(llm, trajs, cfg["analysis_model"], attempts=attempts, facts=facts)
+        caps = discover(llm, trajs, run_cfg.analysis, attempts=attempts, facts=facts)
         outcome = "valid: " + ", ".join(c.name for c in caps)
-    except Exception as err:  # the analyst gave no valid answer: what the stage would report
+    except (AnalystError, StructuredOutputError) as err:  # no valid answer: what the stage reports
         outcome = f"{type(err).__name__}: {str(err).splitlines()[-2][:60]} | last reply: " \
                   f"{' '.join(str(getattr(err, 'reply', '')).split())[:150]}"
     finally:
@@ -60,9 +59,8 @@ def main():
     run_cfg = load_saved_config(args.run_dir)
     trajs = TrajectoryStore(args.run_dir / "iter_0" / "rollouts").all()
     facts = json.loads((args.run_dir / "iter_0" / "analysis" / "facts.json").read_text())
-    cfg = {"analyst": run_cfg.analyst.model_dump(), "analysis_model": run_cfg.analysis}
     policy = HFPolicy.load(args.model, rows=2, max_len=args.max_len)
-    rows = {label: arm(policy, args.model, on, trajs, cfg, facts, args.attempts)
+    rows = {label: arm(policy, args.model, on, trajs, run_cfg, facts, args.attempts)
             for label, on in (("no prefix (before)", False), ("schema prefix (after)", True))}
     table = Table(title=f"discovery on the engine server: {args.model}, {len(trajs)} trajectories, "
                         f"up to {args.attempts} attempts")
