@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trace_rl.core.io import atomic_write, atomic_write_text
 from trace_rl.core.models import MODELS, cache_dir, gguf_path
 
 
@@ -50,7 +51,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         self.port = self.port or free_port()
         cmd = self.command()
-        log_path = cache_dir() / "logs" / f"{type(self).__name__}-{self.port}.log"
+        self.log_path = log_path = cache_dir() / "logs" / f"{type(self).__name__}-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -100,6 +101,11 @@ class LlamaServer(ServerProcess):
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
     chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
+    lora: str | Path | None = None  # a GGUF LoRA (core.lora_gguf) applied on top of the model
+    # where long prompts' states are kept between servers (PromptStates); None (or $TRACE_RL_PROMPT_STATES=0): not kept
+    prompt_states: Path | None = field(default_factory=lambda: None if os.environ.get("TRACE_RL_PROMPT_STATES") == "0"
+                                       else cache_dir() / "prompt-states")
+    prompt_state_min_tokens: int = 1024
 
     @property
     def model_name(self) -> str:
@@ -109,9 +115,120 @@ class LlamaServer(ServerProcess):
     def command(self) -> list[str]:
         path = gguf_path(self.model)
         chat_format = self.chat_format or (MODELS[self.model].chat_format if self.model in MODELS else None)
-        return [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), "--model", str(path), "--model_alias",
+        states = [f"--prompt-states={self.prompt_states}", f"--prompt-state-min-tokens={self.prompt_state_min_tokens}"] \
+            if self.prompt_states else []
+        return [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), *states, "--model", str(path), "--model_alias",
                 self.model_name, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-                "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else [])
+                "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else []) \
+            + (["--lora_path", str(self.lora)] if self.lora else [])
+
+
+class PromptStates:
+    """llama.cpp states of long prompts kept on disk, so that a server restores the longest saved prefix of a
+    request instead of computing it again. τ²-bench's ~10k-token system prompt is the same for every task of a
+    domain and costs ~190 s to read on 2 cores, once per server start (llama.cpp itself reuses the previous
+    request's prefix within a server); a restore takes about a second. The tokens are the same, the outputs too.
+
+    A state belongs to one model file (and LoRA) and context size (its own folder); `keep` newest states stay."""
+
+    def __init__(self, root: Path, model: Path, n_ctx: int, n_batch: int, min_tokens: int = 1024, keep: int = 4,
+                 lora: Path | None = None):
+        import hashlib
+
+        import llama_cpp
+
+        key = "|".join(f"{f.resolve()}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in (model, lora) if f)
+        key += f"|{n_ctx}|{n_batch}|{llama_cpp.__version__}"
+        self.dir = Path(root) / f"{model.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        self.min_tokens, self.keep = min_tokens, keep
+
+    def _saved(self) -> list[tuple[Path, list[int]]]:
+        import json
+
+        out = []
+        for meta in sorted(self.dir.glob("*.tokens.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+            state = meta.with_name(meta.name.replace(".tokens.json", ".state"))
+            try:
+                out.append((state, json.loads(meta.read_text())))
+            except (OSError, ValueError):
+                continue  # a half-pruned or foreign file: not a state
+        return out
+
+    @staticmethod
+    def common(a, b) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n
+
+    def restore(self, llama, prompt: list[int]) -> int:
+        """Load the saved state sharing the longest prefix with `prompt` when it beats what `llama` holds;
+        returns the prefix length now in `llama` that matches `prompt`."""
+        import ctypes
+
+        import llama_cpp
+
+        have = self.common(llama.input_ids[:llama.n_tokens].tolist(), prompt)
+        if len(prompt) - have < self.min_tokens:
+            return have  # little to read: not worth a look on disk
+        best = max(((self.common(tokens, prompt), path, tokens) for path, tokens in self._saved()),
+                   default=(0, None, None), key=lambda t: t[0])
+        if best[0] < have + self.min_tokens or not best[1].is_file():
+            return have
+        n = len(best[2])
+        out, count = (llama_cpp.llama_token * n)(), ctypes.c_size_t(0)
+        if not llama_cpp.llama_state_load_file(llama._ctx.ctx, str(best[1]).encode(), out, n, ctypes.byref(count)) \
+                or list(out[:count.value]) != best[2]:
+            llama.reset()  # a state from another build or a torn file: compute the prompt instead
+            llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+            return 0
+        llama.input_ids[:n] = best[2]
+        llama.n_tokens, llama._requires_eval = n, True
+        os.utime(best[1].with_name(best[1].stem + ".tokens.json"))  # recently used: kept longest
+        print(f"trace-rl prompt state: restored {best[0]} of {len(prompt)} prompt tokens", file=sys.stderr, flush=True)
+        return best[0]
+
+    def save(self, llama) -> None:
+        """Keep `llama`'s current state (written beside, then renamed: never half a state)."""
+        import hashlib
+        import json
+
+        import llama_cpp
+
+        tokens = llama.input_ids[:llama.n_tokens].tolist()
+        name = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+        def write(tmp: Path) -> None:
+            if not llama_cpp.llama_state_save_file(llama._ctx.ctx, str(tmp).encode(),
+                                                   (llama_cpp.llama_token * len(tokens))(*tokens), len(tokens)):
+                raise OSError(f"llama.cpp could not write a state to {tmp}")
+
+        try:
+            atomic_write(self.dir / f"{name}.state", write)
+            atomic_write_text(self.dir / f"{name}.tokens.json", json.dumps(tokens))  # last: the state is whole
+        except OSError as err:  # a full disk costs the next server the prompt, never this request
+            print(f"trace-rl prompt state: not saved: {err}", file=sys.stderr, flush=True)
+            return
+        for stale, _ in self._saved()[self.keep:]:
+            stale.with_name(stale.stem + ".tokens.json").unlink(missing_ok=True)
+            stale.unlink(missing_ok=True)
+        print(f"trace-rl prompt state: saved {len(tokens)} tokens", file=sys.stderr, flush=True)
+
+    def install(self, llama_class) -> None:
+        """Wrap `Llama.generate`: restore before the prompt is read, save once a long new prompt has been read."""
+        original, states = llama_class.generate, self
+
+        def generate(llama, tokens, *args, **kwargs):
+            tokens = list(tokens)
+            fresh = len(tokens) - states.restore(llama, tokens) >= states.min_tokens
+            for i, token in enumerate(original(llama, tokens, *args, **kwargs)):
+                if i == 0 and fresh:  # the prompt has just been read, nothing generated yet
+                    states.save(llama)
+                yield token
+
+        llama_class.generate = generate
 
 
 def exit_with_parent(parent: int) -> None:
@@ -125,8 +242,18 @@ def exit_with_parent(parent: int) -> None:
 
 
 def _serve_while_parent_lives() -> None:
-    """`python -m trace_rl.core.server PARENT_PID <llama_cpp.server args>`: llama.cpp's server."""
+    """`python -m trace_rl.core.server PARENT_PID [--prompt-states=DIR --prompt-state-min-tokens=N]
+    <llama_cpp.server args>`: llama.cpp's server, with long prompts' states kept in DIR."""
     exit_with_parent(int(sys.argv.pop(1)))
+    ours = {a.split("=", 1)[0][2:]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--prompt-state")}
+    sys.argv = [a for a in sys.argv if not a.startswith("--prompt-state")]
+    if "prompt-states" in ours:
+        import llama_cpp
+
+        arg = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+        PromptStates(Path(ours["prompt-states"]), Path(arg["--model"]), int(arg.get("--n_ctx", 2048)),
+                     int(arg.get("--n_batch", 512)), int(ours.get("prompt-state-min-tokens", 1024)),
+                     lora=Path(arg["--lora_path"]) if "--lora_path" in arg else None).install(llama_cpp.Llama)
     from llama_cpp.server.__main__ import main
 
     main()

@@ -1,0 +1,49 @@
+"""Long prompts' llama.cpp states kept on disk between servers: restored, they give the same outputs."""
+import pytest
+from trace_rl.core.llm import LLM
+from trace_rl.core.server import LlamaServer
+
+POLICY = "You are a careful support agent. " + " ".join(f"Rule {i}: check the record of item {i} first." for i in range(60))
+
+
+def ask(srv: LlamaServer, question: str) -> str:
+    llm = LLM(model=srv.model_name, base_url=srv.base_url, api_key="x", max_tokens=24, temperature=0.0)
+    return llm.chat([{"role": "system", "content": POLICY}, {"role": "user", "content": question}]).content
+
+
+def server(states, **kw) -> LlamaServer:
+    return LlamaServer("smollm2-135m", n_ctx=2048, prompt_states=states, prompt_state_min_tokens=200, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_a_restored_prompt_state_gives_the_same_replies_and_a_torn_one_is_recomputed(tmp_path):
+    questions = ["What do you check first for item 3?", "Which rule is about item 41?"]
+    with server(None) as plain:
+        expected = [ask(plain, q) for q in questions]
+
+    states = tmp_path / "states"
+    with server(states) as first:  # nothing saved yet: computes the prompt and saves its state
+        assert ask(first, questions[0]) == expected[0]
+    saved = list(states.rglob("*.state"))
+    assert len(saved) == 1 and saved[0].with_name(saved[0].stem + ".tokens.json").is_file()
+
+    with server(states) as second:  # a new server: restores the saved prefix, for the same and for another question
+        assert [ask(second, q) for q in questions] == expected
+    log = (second.log_path).read_text()
+    assert log.count("trace-rl prompt state: restored") >= 1, log[-2000:]
+
+    saved[0].write_bytes(saved[0].read_bytes()[:1000])  # torn: must be recomputed, never trusted
+    with server(states) as third:
+        assert ask(third, questions[1]) == expected[1]
+    assert "restored" not in third.log_path.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_servers_keep_prompt_states_in_the_cache_unless_told_not_to(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACE_RL_CACHE", str(tmp_path))
+    assert LlamaServer("smollm2-135m").prompt_states == tmp_path / "prompt-states"
+    monkeypatch.undo()
+    assert f"--prompt-states={tmp_path}" in LlamaServer("smollm2-135m", prompt_states=tmp_path).command()
+    assert not any(a.startswith("--prompt-state") for a in LlamaServer("smollm2-135m", prompt_states=None).command())
