@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trace_rl.core.episode import tool_arguments
 
@@ -41,6 +41,15 @@ class LLMConfig(BaseModel):
     price_out_per_mtok: float = 0.0
     constrained_json: bool = Field(True, description="structured(): ask the endpoint to decode to the JSON schema "
                                                      "(llama.cpp grammar, vLLM/OpenAI json_schema)")
+    lora: str | None = Field(None, description="a peft LoRA adapter folder trained on `model`, applied by the local "
+                                               "llama.cpp server (converted to a GGUF LoRA once)")
+
+    @model_validator(mode="after")
+    def _lora_is_local(self):
+        if self.lora and self.base_url:
+            raise ValueError(f"lora: {self.lora!r} is applied by the local llama.cpp server; the endpoint "
+                             f"{self.base_url} must load it itself: unset base_url or lora")
+        return self
 
 
 @dataclass
@@ -232,22 +241,29 @@ def extract_json(text: str) -> Any:
 
 
 # ---------------------------------------------------------------- local endpoints
-_servers: dict[tuple[str, int], Any] = {}
+_servers: dict[tuple, Any] = {}
 _servers_lock = threading.Lock()
 
 
-def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent") -> tuple[str, str]:
+def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora: str | None = None) -> tuple[str, str]:
     """(base_url, served name) for a local model, starting one llama.cpp server per (model,
     instance). An agent and its user simulator get separate instances: llama.cpp keeps one
     prompt prefix per server, and two alternating conversations on one server would re-read
     the whole prompt on every call (llama-cpp-python's multi-state RAM cache copies the full
-    logits with each state, ~3 GB per 5k-token prompt with Qwen's vocabulary: not usable)."""
+    logits with each state, ~3 GB per 5k-token prompt with Qwen's vocabulary: not usable).
+    `lora`: a peft adapter folder; its server applies it as a GGUF LoRA."""
     from trace_rl.core.server import LlamaServer
 
     with _servers_lock:
-        key = (model, n_ctx, instance)
+        key = (model, n_ctx, instance, lora)
         if key not in _servers:
-            _servers[key] = LlamaServer(model, n_ctx=n_ctx).start()
+            gguf_lora = None
+            if lora:
+                from trace_rl.core.lora_gguf import gguf_lora as convert
+                from trace_rl.core.models import gguf_path
+
+                gguf_lora = convert(lora, gguf_path(model))
+            _servers[key] = LlamaServer(model, n_ctx=n_ctx, lora=gguf_lora).start()
             atexit.register(_servers[key].stop)
         srv = _servers[key]
         return srv.base_url, srv.model_name
@@ -265,14 +281,14 @@ class LLM:
 
     @property
     def name(self) -> str:
-        return self.config.model
+        return f"{self.config.model}+{self.config.lora}" if self.config.lora else self.config.model
 
     def _openai(self):
         if self._client is None:
             from openai import OpenAI
 
             base_url, self._served_name = (self.config.base_url, self.config.model) if self.config.base_url \
-                else local_endpoint(self.config.model, self.config.n_ctx)
+                else local_endpoint(self.config.model, self.config.n_ctx, lora=self.config.lora)
             key = self.config.api_key or os.environ.get("OPENAI_API_KEY") or "sk-local"
             local = self.config.base_url is None
             timeout = self.config.timeout or (3600.0 if local else 600.0)

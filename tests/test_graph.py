@@ -379,3 +379,22 @@ def test_a_packed_run_unpacks_elsewhere_and_resumes(tmp_path, reference):
     parts[0].write_bytes(parts[0].read_bytes()[:-1] + b"x")
     with pytest.raises(RunDirError, match="do not match their manifest"):
         unpack(tmp_path / "parts", tmp_path / "third")
+
+
+def test_llama_cpp_serves_the_base_row_and_each_trained_adapter_alone(tmp_path):
+    """With a lora_agent (serve=llama.cpp, a local GGUF base) those rows leave the slow in-process model;
+    an untrained adapter is no row, and two adapters trained on one library env keep apart."""
+    from dataclasses import replace
+
+    from graph_doubles import components
+    from trace_rl.core.records import AdapterRecord, TrainedOn
+    from trace_rl.graph.pipeline import Pipeline
+
+    pipe = Pipeline(tmp_path, config())
+    assert pipe.comps.lora_agent is None and pipe._llama_cpp_rows({}) == {}  # the doubles: all in-process
+    pipe.__dict__["comps"] = replace(components(pipe.cfg), lora_agent=lambda adapter: f"llama.cpp+{adapter}")
+    lib = TrainedOn(name="library_env", description="a library env")
+    adapters = {"a": AdapterRecord(trained_on=lib, adapter="/ad/a"), "b": AdapterRecord(trained_on=lib, adapter="/ad/b"),
+                "c": AdapterRecord(trained_on=TrainedOn(name="c"), adapter="/ad/c", untrained=True)}
+    assert pipe._llama_cpp_rows({"adapters": adapters}) == {
+        "base": pipe.comps.agent, "library_env": "llama.cpp+/ad/a", "library_env@b": "llama.cpp+/ad/b"}

@@ -155,19 +155,28 @@ def gates_untrained(composition_dir: str | Path) -> bool:
     return not (manifest.get("gate_training") or {}).get("examples")
 
 
+def adapter_names(adapters: dict) -> dict[str, str]:
+    """{capability: the mode its adapter is composed and evaluated under} for every adapter that changed in
+    training ({capability: AdapterRecord}): named after what it trained on; two capabilities substituted by
+    one library env keep apart."""
+    names: dict[str, str] = {}
+    for k, v in adapters.items():
+        if v.adapter and not v.untrained:
+            names[k] = v.trained_on.name if v.trained_on.name not in names.values() else f"{v.trained_on.name}@{k}"
+    return names
+
+
 def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, log=print,
                     **gate_training) -> tuple[str | None, bool | None]:
     """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
     named and described after what it trained on, gates trained (compose()'s settings) on the
     successful GRPO and held-out episodes. Returns (composition dir, gates untrained), or (None, None) when no
     adapter changed. Reuses a saved composition of the same adapters."""
-    trained = {k: v for k, v in adapters.items() if v.adapter and not v.untrained}
+    names = adapter_names(adapters)
+    trained = {k: adapters[k] for k in names}
     if not trained:
         log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
         return None, None
-    names: dict[str, str] = {}
-    for k, v in trained.items():  # two capabilities substituted by one library env keep apart
-        names[k] = v.trained_on.name if v.trained_on.name not in names.values() else f"{v.trained_on.name}@{k}"
     out, train_dir = Path(out_dir), Path(train_dir)
     manifest = out / "manifest.json"
     if manifest.is_file() and json.loads(manifest.read_text())["adapters"] == list(names.values()):

@@ -34,6 +34,9 @@ def served(llm, serve: str, rows: int = 64):
     first use by core.llm); under serve=hf, pointed at one engine server per model (started once)."""
     if serve != "hf" or llm.base_url:
         return llm
+    if llm.lora:
+        raise ValueError(f"lora: {llm.lora!r} is applied by llama.cpp; the engine server (serve=hf) serves base "
+                         "models only: use serve=llama.cpp, or evaluate the adapter in-process")
     if llm.model not in _HF_SERVERS:
         srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx)
         _HF_SERVERS[llm.model] = srv.start()
