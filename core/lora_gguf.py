@@ -1,5 +1,6 @@
 """A peft LoRA adapter as a llama.cpp GGUF LoRA, so that a single-adapter agent decodes in llama.cpp
-(on the CPU several times faster than fp32 transformers) on the same quantised base it was trained from.
+(on a CPU and τ²'s ~10k-token prompts much faster than fp32 transformers) on the same quantised base it was
+trained from.
 
 The adapter was trained on `hf_checkpoint(base)`, the GGUF's own weights de-quantised; llama.cpp applies
 `scale * B @ A` (scale = alpha / r) to the GGUF's tensors. What differs between the two layouts:

@@ -183,7 +183,7 @@ PRESETS: dict[str, dict] = {
                                                     "max_turn_tokens": 64, "resample_constant_groups": 1,
                                                     "log_kl": False},
         "train_seeds": 200, "heldout_seeds": 4,
-        # the base row runs on llama.cpp when nothing was composed; composed modes decode in-process (fp32, slow)
+        # the base row and each adapter alone run on llama.cpp (GGUF LoRA); router and moe decode in-process (fp32, slow)
         "eval_modes": ["base", "moe"], "eval_mode_tasks": {"base": 10, "moe": 2},
         "approvals": ["capabilities", "environments"], "auto_approve": True,
     },

@@ -278,7 +278,7 @@ class Pipeline:
 
     def _llama_cpp_rows(self, s: State) -> dict:
         """The composition's rows that llama.cpp can serve (the base, and each adapter alone as a GGUF LoRA):
-        several times faster than in-process fp32 decoding on a CPU. The router and the moe stay in-process."""
+        on a CPU and τ²'s long prompts much faster than in-process fp32. The router and the moe stay in-process."""
         if not self.comps.lora_agent:
             return {}
         from trace_rl.training.compose import adapter_names

@@ -1,0 +1,84 @@
+"""τ²-bench rollouts on llama.cpp with and without saved prompt states (core/server.PromptStates), side by side.
+
+A pipeline stage starts its own llama.cpp server (rollout, then evaluation; a resumed or repeated run starts
+new ones); without saved states each new server reads the domain's ~10k-token system prompt again. Each arm
+runs two stages of E episodes, each on a fresh server, greedy (T=0), so the two arms' trajectories must be
+identical token for token: the script checks that and prints the stage times.
+    .venv/bin/python benchmarks/prompt_states.py [--domain telecom] [--episodes 3] [--json out.json]
+"""
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from trace_rl.agents.base_agent import run_episode
+from trace_rl.core.llm import LLM
+from trace_rl.core.server import LlamaServer
+from trace_rl.evals.tau2_bench import Tau2Benchmark
+
+
+def stage(bench, split: str, n: int, model: str, states: Path | None, max_steps: int, max_tokens: int) -> dict:
+    """One stage on a fresh server: n episodes of `split`; the first episode's time (it pays for the
+    system prompt when nothing is restored) apart from the others'."""
+    ids = [t.id for t in bench.tasks(split)][:n]
+    with LlamaServer(model, n_ctx=16384, prompt_states=states) as srv:
+        llm = LLM(model=srv.model_name, base_url=srv.base_url, api_key="x", max_tokens=max_tokens, temperature=0.0)
+        times, trajs = [], []
+        for tid in ids:
+            t0 = time.perf_counter()
+            trajs.append(run_episode(llm, bench.episode(tid), task_id=tid, benchmark=bench.name, max_steps=max_steps))
+            times.append(time.perf_counter() - t0)
+        restored = srv.log_path.read_text().count("trace-rl prompt state: restored")
+    return {"split": split, "episodes": n, "wall_s": sum(times), "first_s": times[0],
+            "others_s_per_episode": sum(times[1:]) / max(1, n - 1), "restored": restored,
+            "prompt_tokens": llm.usage.prompt_tokens, "passed": sum(t.passed for t in trajs),
+            "turns": [turns(t.messages) for t in trajs]}
+
+
+def turns(messages: list[dict]) -> list:
+    """What the model saw and said, without the per-run tool-call ids."""
+    return [(m["role"], m.get("content"), [(c["function"]["name"], c["function"]["arguments"])
+                                           for c in m.get("tool_calls") or []]) for m in messages]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--domain", default="telecom")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--episodes", type=int, default=3, help="episodes per stage")
+    ap.add_argument("--max-steps", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    bench = Tau2Benchmark(args.domain)
+    arms = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm, states in [("no saved states (before)", None), ("saved prompt states (after)", Path(tmp))]:
+            arms[arm] = [stage(bench, split, args.episodes, args.model, states, args.max_steps, args.max_tokens)
+                         for split in ("train", "test")]
+    table = Table("arm", "stage", "episodes", "restored", "first episode s", "others s/episode", "stage s",
+                  "episodes/min", "passed",
+                  title=f"tau2:{args.domain}, {args.model} on llama.cpp, each stage on a fresh server, T=0")
+    for arm, stages in arms.items():
+        for s, name in zip(stages, ("1: rollout (train)", "2: evaluate (test)")):
+            table.add_row(arm, name, str(s["episodes"]), str(s["restored"]), f"{s['first_s']:.0f}",
+                          f"{s['others_s_per_episode']:.0f}", f"{s['wall_s']:.0f}",
+                          f"{60 * s['episodes'] / s['wall_s']:.2f}", str(s["passed"]))
+    before, after = arms.values()
+    total = [sum(s["wall_s"] for s in stages) for stages in (before, after)]
+    same = all(a["turns"] == b["turns"] for a, b in zip(before, after))
+    console = Console()
+    console.print(table)
+    console.print(f"both stages: {total[0]:.0f} s -> {total[1]:.0f} s ({total[0] / total[1]:.2f}x); "
+                  f"trajectories identical: {same}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "identical": same,
+                                         "arms": {a: [{k: v for k, v in s.items() if k != "turns"} for s in st]
+                                                  for a, st in arms.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
