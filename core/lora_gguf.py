@@ -36,24 +36,29 @@ def gguf_lora(adapter_dir: str | Path, base_gguf: str | Path, out: str | Path | 
     `base_gguf`; returns its path (`adapter.gguf` beside the adapter unless `out`). Done once per adapter."""
     import gguf
     import numpy as np
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file
 
     adapter_dir = Path(adapter_dir)
     out = Path(out) if out else adapter_dir / "adapter.gguf"
     weights_file = adapter_dir / "adapter_model.safetensors"
-    if out.is_file() and out.stat().st_mtime >= weights_file.stat().st_mtime:
+    if out.is_file() and out.stat().st_mtime >= max(weights_file.stat().st_mtime, Path(base_gguf).stat().st_mtime):
         return out
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    if config.get("use_dora") or config.get("use_rslora"):
-        raise LoraConversionError(f"{adapter_dir}: DoRA / rsLoRA adapters have no llama.cpp form; train plain LoRA")
+    if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise LoraConversionError(f"{adapter_dir}: DoRA and per-module rank/alpha patterns have no llama.cpp form; "
+                                  "train a plain LoRA (one r and lora_alpha)")
+    r = int(config.get("r", 8))
+    alpha = float(config.get("lora_alpha", r)) * (r ** 0.5 if config.get("use_rslora") else 1.0)  # scale alpha/r
     reader = gguf.GGUFReader(str(base_gguf))
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     field = lambda key: int(reader.fields[f"{arch}.{key}"].parts[-1][0])
-    heads = {"attn_q": field("attention.head_count"), "attn_k": field("attention.head_count_kv")}
+    n_head = field("attention.head_count")
+    heads = {"attn_q": n_head, "attn_k": field("attention.head_count_kv")
+             if f"{arch}.attention.head_count_kv" in reader.fields else n_head}
     base_names = {t.name for t in reader.tensors}
 
     pairs: dict[str, dict[str, np.ndarray]] = {}
-    for key, value in load_file(str(weights_file)).items():
+    for key, value in load_file(str(weights_file)).items():  # torch: bf16 adapters too
         m = re.search(r"layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight$", key)
         if not m or m.group(2) not in MODULES:
             raise LoraConversionError(f"{adapter_dir}: adapter tensor {key} has no llama.cpp counterpart "
@@ -62,12 +67,12 @@ def gguf_lora(adapter_dir: str | Path, base_gguf: str | Path, out: str | Path | 
         if name not in base_names:
             raise LoraConversionError(f"{adapter_dir}: {key} -> {name}, which {Path(base_gguf).name} lacks: "
                                       "is this adapter for another base model?")
-        pairs.setdefault(name, {})[m.group(3)] = value.astype(np.float32)
+        pairs.setdefault(name, {})[m.group(3)] = value.float().numpy()
 
     writer = gguf.GGUFWriter(None, arch)
     writer.add_type(gguf.GGUFType.ADAPTER)
     writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(config.get("lora_alpha", config.get("r", 8))))
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
     for name, ab in sorted(pairs.items()):
         a, b = ab["A"], ab["B"]  # peft: A (r, in), B (out, r) = llama.cpp's lora_a [in, r], lora_b [r, out]
         kind = name.split(".")[2]

@@ -5,6 +5,7 @@ here) and as the default endpoint for every agent when no base_url is configured
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -141,18 +142,20 @@ class PromptStates:
         key += f"|{n_ctx}|{n_batch}|{llama_cpp.__version__}"
         self.dir = Path(root) / f"{model.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
         self.min_tokens, self.keep = min_tokens, keep
+        self.bad: set[Path] = set()  # states that failed to load here: not tried again
 
     def _saved(self) -> list[tuple[Path, list[int]]]:
+        """(state, its tokens), newest first. Another server may prune at any moment: what vanishes is skipped."""
         import json
 
         out = []
-        for meta in sorted(self.dir.glob("*.tokens.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        for meta in self.dir.glob("*.tokens.json"):
             state = meta.with_name(meta.name.replace(".tokens.json", ".state"))
             try:
-                out.append((state, json.loads(meta.read_text())))
+                out.append((meta.stat().st_mtime, state, json.loads(meta.read_text())))
             except (OSError, ValueError):
                 continue  # a half-pruned or foreign file: not a state
-        return out
+        return [(state, tokens) for _, state, tokens in sorted(out, key=lambda t: t[0], reverse=True)]
 
     @staticmethod
     def common(a, b) -> int:
@@ -173,20 +176,22 @@ class PromptStates:
         have = self.common(llama.input_ids[:llama.n_tokens].tolist(), prompt)
         if len(prompt) - have < self.min_tokens:
             return have  # little to read: not worth a look on disk
-        best = max(((self.common(tokens, prompt), path, tokens) for path, tokens in self._saved()),
-                   default=(0, None, None), key=lambda t: t[0])
+        best = max(((self.common(tokens, prompt), path, tokens) for path, tokens in self._saved()
+                    if path not in self.bad), default=(0, None, None), key=lambda t: t[0])
         if best[0] < have + self.min_tokens or not best[1].is_file():
             return have
         n = len(best[2])
         out, count = (llama_cpp.llama_token * n)(), ctypes.c_size_t(0)
         if not llama_cpp.llama_state_load_file(llama._ctx.ctx, str(best[1]).encode(), out, n, ctypes.byref(count)) \
                 or list(out[:count.value]) != best[2]:
-            llama.reset()  # a state from another build or a torn file: compute the prompt instead
+            self.bad.add(best[1])  # torn, pruned meanwhile, or from another build: compute the prompt instead
+            llama.reset()  # the load may have written part of the cache: nothing in it is trusted
             llama._ctx.kv_cache_seq_rm(-1, 0, -1)
             return 0
         llama.input_ids[:n] = best[2]
         llama.n_tokens, llama._requires_eval = n, True
-        os.utime(best[1].with_name(best[1].stem + ".tokens.json"))  # recently used: kept longest
+        with contextlib.suppress(OSError):  # recently used: kept longest (unless another server just pruned it)
+            os.utime(best[1].with_name(best[1].stem + ".tokens.json"))
         print(f"trace-rl prompt state: restored {best[0]} of {len(prompt)} prompt tokens", file=sys.stderr, flush=True)
         return best[0]
 
@@ -211,9 +216,14 @@ class PromptStates:
         except OSError as err:  # a full disk costs the next server the prompt, never this request
             print(f"trace-rl prompt state: not saved: {err}", file=sys.stderr, flush=True)
             return
-        for stale, _ in self._saved()[self.keep:]:
-            stale.with_name(stale.stem + ".tokens.json").unlink(missing_ok=True)
-            stale.unlink(missing_ok=True)
+        listed = self._saved()
+        stale = [state for state, _ in listed[self.keep:]]
+        stale += [f for f in self.dir.glob("*.state") if f not in {state for state, _ in listed}  # orphans of a kill
+                  and time.time() - f.stat().st_mtime > 3600]
+        stale += [f for f in self.dir.glob(".*.tmp") if time.time() - f.stat().st_mtime > 3600]
+        for f in stale:
+            f.with_name(f.stem + ".tokens.json").unlink(missing_ok=True)
+            f.unlink(missing_ok=True)
         print(f"trace-rl prompt state: saved {len(tokens)} tokens", file=sys.stderr, flush=True)
 
     def install(self, llama_class) -> None:
@@ -222,10 +232,18 @@ class PromptStates:
 
         def generate(llama, tokens, *args, **kwargs):
             tokens = list(tokens)
-            fresh = len(tokens) - states.restore(llama, tokens) >= states.min_tokens
+            try:
+                fresh = len(tokens) - states.restore(llama, tokens) >= states.min_tokens
+            except Exception as err:  # a cache must never fail a request: the prompt is computed instead
+                print(f"trace-rl prompt state: restore failed: {err!r}", file=sys.stderr, flush=True)
+                llama.reset()
+                fresh = False
             for i, token in enumerate(original(llama, tokens, *args, **kwargs)):
                 if i == 0 and fresh:  # the prompt has just been read, nothing generated yet
-                    states.save(llama)
+                    try:
+                        states.save(llama)
+                    except Exception as err:
+                        print(f"trace-rl prompt state: save failed: {err!r}", file=sys.stderr, flush=True)
                 yield token
 
         llama_class.generate = generate

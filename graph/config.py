@@ -136,6 +136,8 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
     for section in ("user_model", "analyst", "builder", "reviewer"):  # nor do timeouts, retries and prices
         for key in ("timeout", "retries", "price_in_per_mtok", "price_out_per_mtok"):
             (data[section] or {}).pop(key, None)
+        if data[section] and data[section].get("lora") is None:  # a field added later: runs made before keep
+            data[section].pop("lora", None)                       # their fingerprints
     for stage, fields in STAGE_FIELDS.items():
         chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields}, sort_keys=True)).encode()).hexdigest()
         out[stage] = chain[:16]

@@ -82,9 +82,9 @@ class Components:
     calibration: Any | None  # base-model policy for environment calibration
     load_base: Callable[[], tuple]  # fresh (transformers model, tokenizer) of the base
     after_node: Callable[[str], None] | None = None
-    # adapter folder -> the base agent with that one LoRA, served like the agent (llama.cpp, GGUF LoRA);
-    # None: single-adapter rows decode in-process, and so does the base row once something was composed
-    lora_agent: Callable[[str], Any] | None = None
+    # adapter folder (None: no adapter) -> the base agent with that one LoRA on llama.cpp (GGUF LoRA), greedy like
+    # the in-process rows; None: single-adapter rows decode in-process, and so does the base row once composed
+    lora_agent: Callable[[str | None], Any] | None = None
 
 
 def default_components(cfg: RunConfig) -> Components:
@@ -104,8 +104,8 @@ def default_components(cfg: RunConfig) -> Components:
         analyst=LLM(serve(cfg.analyst)), builder=LLM(serve(cfg.builder)),
         reviewer=LLM(serve(cfg.reviewer or cfg.builder)), calibration=agent if cfg.calibrate else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model),
-        lora_agent=(lambda adapter: LLM(cfg.agent_llm().model_copy(update={"lora": str(adapter)}))) if by_llama_cpp
-        else None)
+        lora_agent=(lambda adapter: LLM(cfg.agent_llm().model_copy(update={
+            "lora": str(adapter) if adapter else None, "temperature": 0.0}))) if by_llama_cpp else None)
 
 
 # ---------------------------------------------------------------- the nodes: each calls one stage function
@@ -284,8 +284,8 @@ class Pipeline:
         from trace_rl.training.compose import adapter_names
 
         trained = adapter_names(s.get("adapters") or {})
-        return {"base": self.comps.agent, **{name: self.comps.lora_agent(s["adapters"][key].adapter)
-                                             for key, name in trained.items()}}
+        return {"base": self.comps.lora_agent(None), **{name: self.comps.lora_agent(s["adapters"][key].adapter)
+                                                         for key, name in trained.items()}}
 
     def evaluate(self, s: State) -> dict:
         from trace_rl.evals.evaluate import evaluate

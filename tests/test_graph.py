@@ -397,4 +397,16 @@ def test_llama_cpp_serves_the_base_row_and_each_trained_adapter_alone(tmp_path):
     adapters = {"a": AdapterRecord(trained_on=lib, adapter="/ad/a"), "b": AdapterRecord(trained_on=lib, adapter="/ad/b"),
                 "c": AdapterRecord(trained_on=TrainedOn(name="c"), adapter="/ad/c", untrained=True)}
     assert pipe._llama_cpp_rows({"adapters": adapters}) == {
-        "base": pipe.comps.agent, "library_env": "llama.cpp+/ad/a", "library_env@b": "llama.cpp+/ad/b"}
+        "base": "llama.cpp+None", "library_env": "llama.cpp+/ad/a", "library_env@b": "llama.cpp+/ad/b"}
+    moe = {"moe": AdapterRecord(trained_on=TrainedOn(name="moe"), adapter="/ad/m")}  # a mode's name is reserved
+    assert pipe._llama_cpp_rows({"adapters": moe}) == {"base": "llama.cpp+None", "moe@moe": "llama.cpp+/ad/m"}
+
+
+def test_fingerprints_of_a_fixed_config_stay_as_they_were():
+    """A field added to a config model must not re-run the stages of runs made before it (values of
+    2026-12-05, before LLMConfig.lora): resume would move finished work to stale/."""
+    from trace_rl.graph.config import stage_fingerprints
+
+    assert stage_fingerprints(config(user_model={"model": "qwen2.5-coder-0.5b"})) == {
+        "rollout": "dee195020c75a899", "analyse": "468ac120702f68a4", "synthesise": "015850029d81e600",
+        "train": "a0dfc94c81955888", "compose": "2d25c76db2eabebc", "evaluate": "3b92bdc4aa4c75ac"}

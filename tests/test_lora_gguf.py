@@ -91,9 +91,10 @@ def test_adapters_without_a_llama_cpp_form_are_refused_with_the_reason(smollm, t
     (tmp_path / "dora").mkdir()
     (tmp_path / "dora" / "adapter_model.safetensors").write_bytes(weights)
     config = json.loads((tmp_path / "ok" / "adapter_config.json").read_text())
-    (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
-    with pytest.raises(LoraConversionError, match="DoRA"):
-        gguf_lora(tmp_path / "dora", gguf_path("smollm2-135m"))
+    for bad in ({"use_dora": True}, {"alpha_pattern": {"q_proj": 64}}):
+        (tmp_path / "dora" / "adapter_config.json").write_text(json.dumps(config | bad))
+        with pytest.raises(LoraConversionError, match="DoRA and per-module"):
+            gguf_lora(tmp_path / "dora", gguf_path("smollm2-135m"))
 
     with pytest.raises(LoraConversionError, match="another base model"):  # 30 layers' adapter on a 24-layer base
         gguf_lora(tmp_path / "ok", gguf_path("qwen2.5-coder-0.5b"))

@@ -160,9 +160,11 @@ def adapter_names(adapters: dict) -> dict[str, str]:
     training ({capability: AdapterRecord}): named after what it trained on; two capabilities substituted by
     one library env keep apart."""
     names: dict[str, str] = {}
+    taken = {"base", "router", "moe", "grpo_target"}  # the table's other rows
     for k, v in adapters.items():
         if v.adapter and not v.untrained:
-            names[k] = v.trained_on.name if v.trained_on.name not in names.values() else f"{v.trained_on.name}@{k}"
+            name = v.trained_on.name
+            names[k] = name if name not in taken | set(names.values()) else f"{name}@{k}"
     return names
 
 
