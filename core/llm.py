@@ -257,13 +257,13 @@ def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora
     with _servers_lock:
         key = (model, n_ctx, instance, lora)
         if key not in _servers:
-            gguf_lora = None
+            lora_file = None
             if lora:
-                from trace_rl.core.lora_gguf import gguf_lora as convert
+                from trace_rl.core.lora_gguf import gguf_lora
                 from trace_rl.core.models import gguf_path
 
-                gguf_lora = convert(lora, gguf_path(model))
-            _servers[key] = LlamaServer(model, n_ctx=n_ctx, lora=gguf_lora).start()
+                lora_file = gguf_lora(lora, gguf_path(model))
+            _servers[key] = LlamaServer(model, n_ctx=n_ctx, lora=lora_file).start()
             atexit.register(_servers[key].stop)
         srv = _servers[key]
         return srv.base_url, srv.model_name

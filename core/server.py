@@ -124,6 +124,16 @@ class LlamaServer(ServerProcess):
             + (["--lora_path", str(self.lora)] if self.lora else [])
 
 
+def common_prefix(a, b) -> int:
+    """How many leading tokens two token sequences share (a cached prefix's reusable length)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class PromptStates:
     """llama.cpp states of long prompts kept on disk, so that a server restores the longest saved prefix of a
     request instead of computing it again. τ²-bench's ~10k-token system prompt is the same for every task of a
@@ -157,15 +167,6 @@ class PromptStates:
                 continue  # a half-pruned or foreign file: not a state
         return [(state, tokens) for _, state, tokens in sorted(out, key=lambda t: t[0], reverse=True)]
 
-    @staticmethod
-    def common(a, b) -> int:
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n
-
     def restore(self, llama, prompt: list[int]) -> int:
         """Load the saved state sharing the longest prefix with `prompt` when it beats what `llama` holds;
         returns the prefix length now in `llama` that matches `prompt`."""
@@ -173,10 +174,10 @@ class PromptStates:
 
         import llama_cpp
 
-        have = self.common(llama.input_ids[:llama.n_tokens].tolist(), prompt)
+        have = common_prefix(llama.input_ids[:llama.n_tokens].tolist(), prompt)
         if len(prompt) - have < self.min_tokens:
             return have  # little to read: not worth a look on disk
-        best = max(((self.common(tokens, prompt), path, tokens) for path, tokens in self._saved()
+        best = max(((common_prefix(tokens, prompt), path, tokens) for path, tokens in self._saved()
                     if path not in self.bad), default=(0, None, None), key=lambda t: t[0])
         if best[0] < have + self.min_tokens or not best[1].is_file():
             return have
@@ -216,9 +217,9 @@ class PromptStates:
         except OSError as err:  # a full disk costs the next server the prompt, never this request
             print(f"trace-rl prompt state: not saved: {err}", file=sys.stderr, flush=True)
             return
-        listed = self._saved()
-        stale = [state for state, _ in listed[self.keep:]]
-        stale += [f for f in self.dir.glob("*.state") if f not in {state for state, _ in listed}  # orphans of a kill
+        listed = [state for state, _ in self._saved()]
+        stale = listed[self.keep:]
+        stale += [f for f in self.dir.glob("*.state") if f not in listed  # orphans of a kill
                   and time.time() - f.stat().st_mtime > 3600]
         stale += [f for f in self.dir.glob(".*.tmp") if time.time() - f.stat().st_mtime > 3600]
         for f in stale:

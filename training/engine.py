@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from trace_rl.core.server import common_prefix
+
 ATTENTION = "trace_rl_rows"  # the attention implementation registered below
 MIN_SHARED_PREFIX = 16
 SLACK = 8  # columns past max_len that only warm-up steps before a graph capture may write
@@ -232,7 +234,7 @@ class Engine:
             if j is not None:
                 continue
             rows[i] = free.pop(0)
-            own = max((_common_prefix(reqs[l].ids, reqs[i].ids) for l in leaders if reqs[l].tag == reqs[i].tag),
+            own = max((common_prefix(reqs[l].ids, reqs[i].ids) for l in leaders if reqs[l].tag == reqs[i].tag),
                       default=0)
             own = min(own, len(reqs[i].ids) - 1)
             if own >= MIN_SHARED_PREFIX and own > self._donor(reqs[i])[1]:
@@ -247,7 +249,7 @@ class Engine:
         best, n = None, 0
         for j, s in enumerate(self.state):
             if s.tokens and s.tag == req.tag:
-                m = min(_common_prefix(s.tokens, req.ids), len(req.ids) - 1)
+                m = min(common_prefix(s.tokens, req.ids), len(req.ids) - 1)
                 if m > n:
                     best, n = j, m
         return best, n
@@ -463,15 +465,6 @@ class Engine:
             self.state[j].tokens = list(r.ids) + toks[:-1]  # the last sampled token was never fed
             results.append(toks)
         return results
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Batcher:
