@@ -27,7 +27,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.core.llm import LLM, ReplyError, StructuredOutputError
 from trace_rl.core.records import CapabilityRecord
 from trace_rl.core.trajectory import Trajectory
-from trace_rl.evals.facts import render_facts, trajectory_facts
+from trace_rl.evals.facts import facts_summary, render_facts, trajectory_facts
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
 
@@ -217,6 +217,8 @@ def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: i
     per = max(500, cfg.context_chars // max(1, len(shown)))
     text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars), (facts or {}).get(t.key), alias=a)
                        for a, t in shown.items())
+    if facts:  # what recurs across all of them, counted by code: a small model's anchor
+        text = facts_summary(facts, {t.key: t.passed for t in trajs}) + "\n\n" + text
     ids = by_id(shown) | {t.key: t for t in trajs}
     failed_ids = {i for i, t in ids.items() if not t.passed}
     msgs = [{"role": "system", "content": prompts.load("analyst_discovery", n_candidates=str(cfg.n_candidates))},

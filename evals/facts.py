@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 from trace_rl.core.episode import tool_arguments
 from trace_rl.core.trajectory import Trajectory
@@ -85,6 +86,30 @@ def render_facts(facts: dict) -> str:
     for name in FACTS:
         for occ in facts[name][:5]:
             lines.append(f"  fact {name} at step {occ['step']}: {occ['detail']}")
+    return "\n".join(lines)
+
+
+def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: int = 2) -> str:
+    """What code found across *all* trajectories, failed vs passed, with a few verbatim examples:
+    discovery reads a handful of trajectories, and a small model proposes from one long read
+    (the 0.5B named "solve_ticket"); these counts show it which failures recur and how often."""
+    failed = [k for k in facts if not outcome.get(k, False)]
+    passed = [k for k in facts if outcome.get(k, False)]
+
+    def share(keys: list[str], has) -> str:
+        return f"{sum(bool(has(facts[k])) for k in keys)} of {len(keys)}"
+
+    def ends(keys: list[str]) -> str:
+        return ", ".join(f"{t} {n}" for t, n in Counter(facts[k]["termination"] for k in keys).most_common()) or "none"
+
+    lines = [f"Code-found facts across all {len(facts)} trajectories ({len(failed)} failed, {len(passed)} passed):",
+             f"- how episodes ended: failed: {ends(failed)}; passed: {ends(passed)}",
+             f"- no tool call at all: failed {share(failed, lambda f: not f['tools_used'])}, "
+             f"passed {share(passed, lambda f: not f['tools_used'])}"]
+    for name, meaning in FACTS.items():
+        seen = list(dict.fromkeys(o["detail"][:100] for k in failed for o in facts[k][name]))[:examples]
+        lines.append(f"- {name} ({meaning}): failed {share(failed, lambda f: f[name])}, "
+                     f"passed {share(passed, lambda f: f[name])}" + (f"; e.g. {'; '.join(map(repr, seen))}" if seen else ""))
     return "\n".join(lines)
 
 

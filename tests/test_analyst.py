@@ -145,6 +145,21 @@ def test_discovery_rejects_domain_recipes_and_retries(tmp_path):
     assert "names the domain (flight)" in llm.requests[1][-1]["content"]
 
 
+def test_discovery_reads_the_code_found_summary_of_all_trajectories():
+    from trace_rl.agents.analyst import discover
+    from trace_rl.evals.facts import trajectory_facts
+
+    trajs = [traj(i, passed=i == 0) for i in range(6)]
+    failed = [t.key for t in trajs if not t.passed]
+    llm = ScriptedLLM([json.dumps({"capabilities": [{"name": "state_tracking", "description": "Tracks state. Well.",
+                                                     "example_task_ids": failed[:2]}]})])
+    facts = {t.key: trajectory_facts(t) for t in trajs}
+    discover(llm, trajs, AnalysisConfig(discovery_examples=2), facts=facts)
+    shown = llm.requests[0][-1]["content"]
+    assert shown.startswith("Code-found facts across all 6 trajectories (5 failed, 1 passed)")
+    assert "no tool call at all: failed 5 of 5, passed 1 of 1" in shown  # counted over all six, not the two shown
+
+
 def test_discovery_rejects_duplicates():
     from trace_rl.agents.analyst import Candidates, _check_candidates
 

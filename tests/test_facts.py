@@ -60,3 +60,20 @@ def test_transfer_metric_is_the_share_of_episodes_with_the_failure():
     assert m["ci95"][0] < 0.25 < m["ci95"][1]
     assert metric_for({"name": "tool_call_precision", "description": ""}) == "invalid_arguments"
     assert metric_for({"name": "polite_style", "description": "Is polite."}) == "tool_errors"
+
+
+def test_the_summary_counts_each_fact_over_failed_and_passed_with_examples():
+    from trace_rl.evals.facts import facts_summary
+
+    bad = traj(call("cancel_reservation", reservation_id="XYZ"), tool("Error: reservation not found"),
+               termination="too_many_errors")
+    silent = traj({"role": "assistant", "content": "Sure, I can help."}, termination="agent_error")
+    good = traj(call("get_reservation_details", reservation_id="ABC123"), tool('{"status": "booked"}'))
+    facts = {k: trajectory_facts(t, TOOLS) for k, t in [("bad", bad), ("silent", silent), ("good", good)]}
+    text = facts_summary(facts, {"bad": False, "silent": False, "good": True})
+    assert "all 3 trajectories (2 failed, 1 passed)" in text
+    assert "failed: too_many_errors 1, agent_error 1; passed: agent_stop 1" in text
+    assert "no tool call at all: failed 1 of 2, passed 0 of 1" in text
+    assert "tool_errors (a tool answered with an error): failed 1 of 2, passed 0 of 1; " \
+           "e.g. 'Error: reservation not found'" in text
+    assert "write_without_read" in text and "failed 1 of 2" in text.split("write_without_read")[1]
