@@ -25,6 +25,7 @@ import importlib
 import json
 import operator
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -87,6 +88,21 @@ class Components:
     lora_agent: Callable[[str | None], Any] | None = None
 
 
+class OnFirstUse:
+    """A component made when first used. Under serve=hf each role's model is an engine server started
+    when made, so a run resumed on a GPU machine for training would start servers for the analyst and
+    the builder, whose models need not even be there."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make, self._made, self._lock = make, None, threading.Lock()
+
+    def __getattr__(self, name: str):
+        with self._lock:
+            if self._made is None:
+                self._made = self._make()
+        return getattr(self._made, name)
+
+
 def default_components(cfg: RunConfig) -> Components:
     from trace_rl.core.llm import LLM
     from trace_rl.evals.benchmark import load_benchmark
@@ -101,8 +117,8 @@ def default_components(cfg: RunConfig) -> Components:
     by_llama_cpp = cfg.serve == "llama.cpp" and not cfg.agent_llm().base_url and not cfg.train_model
     return Components(
         benchmark=load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts), agent=agent,
-        analyst=LLM(serve(cfg.analyst)), builder=LLM(serve(cfg.builder)),
-        reviewer=LLM(serve(cfg.reviewer or cfg.builder)), calibration=agent if cfg.calibrate else None,
+        analyst=OnFirstUse(lambda: LLM(serve(cfg.analyst))), builder=OnFirstUse(lambda: LLM(serve(cfg.builder))),
+        reviewer=OnFirstUse(lambda: LLM(serve(cfg.reviewer or cfg.builder))), calibration=agent if cfg.calibrate else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model),
         lora_agent=(lambda adapter: LLM(cfg.agent_llm().model_copy(update={
             "lora": str(adapter) if adapter else None, "temperature": 0.0}))) if by_llama_cpp else None)
@@ -274,7 +290,13 @@ class Pipeline:
         from trace_rl.training.compose import load
 
         model, tok = self.comps.load_base()
-        return load(model, tok, self.dir / "composition", max_new_tokens=self.cfg.agent.max_tokens)
+        return load(model, tok, self.dir / "composition", max_new_tokens=self.cfg.agent.max_tokens,
+                    rows=self._rows(model))
+
+    def _rows(self, model) -> int | None:
+        """On a GPU, the in-process rows decode every episode the evaluation runs at once (the
+        engine's default, 16, would take a 40-task row in three waves); on a CPU the default."""
+        return self.cfg.agent.concurrency if next(model.parameters()).device.type == "cuda" else None
 
     def _llama_cpp_rows(self, s: State) -> dict:
         """The composition's rows that llama.cpp can serve (the base, and each adapter alone as a GGUF LoRA):
@@ -306,7 +328,7 @@ class Pipeline:
             from trace_rl.training.train import target_policy
 
             policies["grpo_target"] = self.comps.lora_agent(target.adapter) if self.comps.lora_agent \
-                else target_policy(target, self.comps.load_base, cfg.agent.max_tokens)
+                else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows)
         elif target is not None:
             skipped["grpo_target"] = "grpo_target = base: no GRPO step on the target had a reward signal"
         results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.records import AdapterRecord, HeldOut, TrainedOn
@@ -61,13 +61,15 @@ def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: 
     return record
 
 
-def target_policy(record: AdapterRecord, load_base: Callable[[], tuple], max_new_tokens: int) -> HFPolicy:
-    """The GRPO-on-target row's agent: the frozen base with the target's adapter."""
+def target_policy(record: AdapterRecord, load_base: Callable[[], tuple], max_new_tokens: int,
+                  rows: Callable[[Any], int | None] = lambda model: None) -> HFPolicy:
+    """The GRPO-on-target row's agent: the frozen base with the target's adapter. `rows(model)`: the
+    engine's rows for this model (None: the engine's default)."""
     from peft import PeftModel
 
     model, tok = load_base()
     return HFPolicy(PeftModel.from_pretrained(model, record.adapter).eval(), tok, "grpo_target",
-                    max_new_tokens=max_new_tokens)
+                    max_new_tokens=max_new_tokens, rows=rows(model))
 
 
 def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
