@@ -9,6 +9,10 @@
 #   target STEPS SECS   GRPO on the target (the baseline) into /tmp/proof/train_target with STEPS steps
 #                       (= the capabilities' steps together), while the CPU machine builds: it needs no env
 #   keep SECONDS        hold the machine (sleep) while the CPU machine is still building
+#   phase-b STEPS SECONDS  unpack the carried .device/run (as the CPU machine left it: envs built and verified in
+#                       Docker), then in one call train the capabilities and compose (stopping before train_target)
+#                       while a second process on the same GPU trains the target baseline with STEPS steps (= the
+#                       capabilities' steps together: 4 per approved env here); `resume` then evaluates
 #   resume SECONDS [new] with `new`: unpack the carried .device/run (the run as the CPU machine left it:
 #                       envs built and verified in Docker), keeping the train_target/ this machine made;
 #                       then resume it on the engine (train, compose, evaluate) and pack it. Without `new`,
@@ -51,6 +55,16 @@ print(Pipeline(run, cfg).train_target({})["target_adapter"])
 PY
     ;;
   keep) sleep "${2:-60}"; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+  phase-b)
+    source scripts/device_env.sh /nonexistent
+    rm -rf /tmp/unpacked && cli unpack .device/run --into /tmp/unpacked || exit 1
+    rm -rf "$RUN" && mv /tmp/unpacked/proof "$RUN"
+    bash "$0" target "$2" "$(( ${3:-540} - 20 ))" >/dev/null 2>&1 &   # logs to $OUT/target.log
+    # no LLM is asked while training: the agent's engine server (started with the run's components) stays small
+    timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 --no-wait \
+      --no-web --until train_target 2>&1 | tee "$OUT/phase-b.log"
+    wait
+    pack ;;
   resume)
     source scripts/device_env.sh /nonexistent
     if [ "${3:-}" = new ]; then
@@ -62,5 +76,5 @@ PY
     timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --no-wait --no-web 2>&1 \
       | tee "$OUT/resume.log"
     pack ;;
-  *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | target STEPS [SECONDS] | keep SECONDS | resume SECONDS [new]" >&2; exit 2 ;;
+  *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | target STEPS [SECONDS] | keep SECONDS | phase-b STEPS SECONDS | resume SECONDS [new]" >&2; exit 2 ;;
 esac
