@@ -410,3 +410,23 @@ def test_fingerprints_of_a_fixed_config_stay_as_they_were():
     assert stage_fingerprints(config(user_model={"model": "qwen2.5-coder-0.5b"})) == {
         "rollout": "dee195020c75a899", "analyse": "468ac120702f68a4", "synthesise": "015850029d81e600",
         "train": "a0dfc94c81955888", "compose": "2d25c76db2eabebc", "evaluate": "3b92bdc4aa4c75ac"}
+
+
+def test_a_component_made_on_first_use_is_made_once_and_only_when_used():
+    import threading
+
+    from trace_rl.graph.pipeline import OnFirstUse
+
+    made = []
+
+    class Server:
+        name = "analyst"
+
+    lazy = OnFirstUse(lambda: made.append(1) or Server())
+    assert made == []  # a resumed run that never asks the analyst starts nothing
+    threads = [threading.Thread(target=lambda: lazy.name) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert lazy.name == "analyst" and made == [1]
