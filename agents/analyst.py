@@ -488,9 +488,10 @@ def select_capabilities(caps: list[CapabilityRecord], done: set[str], max_capabi
 
 # ---------------------------------------------------------------- the whole analysis
 def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: AnalysisConfig | None = None,
-            progress: bool = True, tools: list[dict] | None = None) -> list[CapabilityRecord]:
+            progress: bool = True, tools: list[dict] | None = None, labeller: LLM | None = None) -> list[CapabilityRecord]:
     """Run discovery (or reuse candidates.json), labelling (cached) and aggregation. `tools`: the
     target's tool schemas, for the code-found facts the analyst reads and cites (evals/facts.py).
+    `labeller`: the model that labels (default: `llm`, which always discovers).
 
     Writes facts.json, candidates.json, labels/run_XX(_evidence).json, capabilities.json, cov_delta.png."""
     cfg = cfg or AnalysisConfig()
@@ -499,7 +500,9 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     if not trajs:
         raise ValueError("no trajectories to analyse: run the rollout stage first")
     t0 = time.perf_counter()
-    usage0 = llm.usage.as_dict()
+    labeller = labeller or llm
+    models = list({id(m): m for m in (llm, labeller)}.values())
+    usage0 = [m.usage.as_dict() for m in models]
     facts = {t.key: trajectory_facts(t, tools) for t in trajs}
     atomic_write_json(out / "facts.json", facts)
     cand_path = out / "candidates.json"
@@ -509,7 +512,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         else:
             caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-        runs = label_runs(llm, trajs, caps, cfg, LabelCache(out / "labels"), progress, facts)
+        runs = label_runs(labeller, trajs, caps, cfg, LabelCache(out / "labels"), progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
         atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
                                                         "reply": getattr(err, "reply", "")})
@@ -517,14 +520,14 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
                            getattr(err, "reply", "")) from None
     outcome = {t.key: t.passed for t in trajs}
     results = aggregate(caps, runs, outcome, cfg)
-    usage = {k: llm.usage.as_dict()[k] - usage0[k] for k in usage0}
+    usage = {k: sum(m.usage.as_dict()[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
     pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
         "passed": sum(t.passed for t in trajs),
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
                             "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
-        "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name},
+        "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name, "labeller": labeller.name},
         "capabilities": [r.model_dump() for r in results]})
     plot_cov_delta(results, cfg, out / "cov_delta.png")
     return results

@@ -67,6 +67,10 @@ class RunConfig(Strict):
     user_model: LLMConfig | None = Field(None, description="user simulator (airline/retail); default: base_model "
                                                             "at base_url, temperature 0")
     analyst: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=2048)
+    labeller: LLMConfig | None = Field(None, description="labels the (trajectory, capability) pairs; default: the "
+                                                         "analyst. Discovery is one hard call; labelling is nearly all "
+                                                         "the others, and its evidence is checked by code, so a smaller, "
+                                                         "faster model can do it (on a 2-core CPU, ~3x faster)")
     builder: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=4096)
     reviewer: LLMConfig | None = Field(None, description="verifier LLM; default: the builder's model")
     builder_mode: Literal["auto", "spec", "code"] = Field("auto", description="spec: the builder writes a JSON spec "
@@ -116,7 +120,7 @@ class RunConfig(Strict):
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "rollout": ("benchmark", "benchmark_options", "passed_threshold", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
                 "agent", "components"),
-    "analyse": ("analyst", "analysis"),
+    "analyse": ("analyst", "labeller", "analysis"),
     "synthesise": ("builder", "reviewer", "builder_mode", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
                    "train_unkept"),
     "train": ("train_model", "grpo", "train_seeds", "heldout_seeds", "target_baseline"),
@@ -133,13 +137,15 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
     data, out, chain = cfg.model_dump(mode="json"), {}, ""
     for section in ("agent", "analysis"):  # how many calls run at once changes no result
         data[section].pop("concurrency", None)
-    for section in ("user_model", "analyst", "builder", "reviewer"):  # nor do timeouts, retries and prices
+    if data["labeller"] is None:  # a field added later: runs made before keep their fingerprints
+        del data["labeller"]
+    for section in ("user_model", "analyst", "labeller", "builder", "reviewer"):  # nor do timeouts, retries, prices
         for key in ("timeout", "retries", "price_in_per_mtok", "price_out_per_mtok"):
-            (data[section] or {}).pop(key, None)
-        if data[section] and data[section].get("lora") is None:  # a field added later: runs made before keep
+            (data.get(section) or {}).pop(key, None)
+        if data.get(section) and data[section].get("lora") is None:  # a field added later: runs made before keep
             data[section].pop("lora", None)                       # their fingerprints
     for stage, fields in STAGE_FIELDS.items():
-        chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields}, sort_keys=True)).encode()).hexdigest()
+        chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields if f in data}, sort_keys=True)).encode()).hexdigest()
         out[stage] = chain[:16]
     return out
 

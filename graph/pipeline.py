@@ -86,6 +86,7 @@ class Components:
     # adapter folder (None: no adapter) -> the base agent with that one LoRA on llama.cpp (GGUF LoRA), greedy like
     # the in-process rows; None: single-adapter rows decode in-process, and so does the base row once composed
     lora_agent: Callable[[str | None], Any] | None = None
+    labeller: Any | None = None  # labels the analysis' pairs; None: the analyst
 
 
 class OnFirstUse:
@@ -119,6 +120,7 @@ def default_components(cfg: RunConfig) -> Components:
         benchmark=load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts), agent=agent,
         analyst=OnFirstUse(lambda: LLM(serve(cfg.analyst))), builder=OnFirstUse(lambda: LLM(serve(cfg.builder))),
         reviewer=OnFirstUse(lambda: LLM(serve(cfg.reviewer or cfg.builder))), calibration=agent if cfg.calibrate else None,
+        labeller=OnFirstUse(lambda: LLM(serve(cfg.labeller))) if cfg.labeller else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model),
         lora_agent=(lambda adapter: LLM(cfg.agent_llm().model_copy(update={
             "lora": str(adapter) if adapter else None, "temperature": 0.0}))) if by_llama_cpp else None)
@@ -175,7 +177,7 @@ class Pipeline:
 
         trajs = TrajectoryStore(self.it(s) / "rollouts").all()
         caps = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True,
-                       tools=self.comps.benchmark.spec()["tools"])
+                       tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
         out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
         return {"capabilities": caps, "analysis": {k: out[k] for k in ("trajectories", "passed", "failed",
                                                                         "labelling_runs")}}

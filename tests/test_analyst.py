@@ -128,6 +128,19 @@ def test_planted_capability_kept_and_distractor_dropped(tmp_path):
     assert llm.usage.calls == calls and [r.name for r in again] == [r.name for r in results]
 
 
+def test_a_separate_labeller_labels_and_the_analyst_only_discovers(tmp_path):
+    trajs = [traj(i, passed=i % 3 == 0) for i in range(9)]  # 3 passed: the contrast a run needs
+    failed = [t.key for t in trajs if not t.passed]
+    analyst = ScriptedLLM([json.dumps({"capabilities": [{"name": "state_tracking", "description": "Tracks state. Well.",
+                                                         "example_task_ids": failed[:2]}]})], name="big")
+    labeller = ScriptedLLM(_labelling_script(skip=set()), name="small")
+    results = analyze(trajs, analyst, tmp_path, AnalysisConfig(n_runs=2, k=2), progress=False, labeller=labeller)
+    assert analyst.usage.calls == 1 and labeller.usage.calls >= 2  # one discovery; at least one call per run
+    assert results[0].name == "state_tracking" and results[0].kept
+    cost = json.loads((tmp_path / "capabilities.json").read_text())["cost"]
+    assert cost["calls"] == 1 + labeller.usage.calls and (cost["model"], cost["labeller"]) == ("big", "small")
+
+
 def test_discovery_rejects_domain_recipes_and_retries(tmp_path):
     trajs = [traj(i, passed=i == 0) for i in range(4)]
     failed = [t.key for t in trajs if not t.passed]
