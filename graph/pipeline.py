@@ -141,6 +141,18 @@ class Pipeline:
     def it(self, s: State) -> Path:
         return self.dir / f"iter_{s.get('iteration', 0)}"
 
+    def here(self, path: str) -> str:
+        """A path the state recorded, on this machine. A run packed on one machine and unpacked on
+        another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path
+        that is gone is the same stage output under this run directory."""
+        p = Path(path)
+        if p.exists():
+            return path
+        tops = {out.split("/")[0] for outs in STAGE_OUTPUTS.values() for out in outs}
+        i = next((i for i in range(len(p.parts) - 1, -1, -1) if p.parts[i] in tops), None)
+        moved = self.dir.joinpath(*p.parts[i:]) if i is not None else p
+        return str(moved) if moved.exists() else path
+
     def cap(self, s: State) -> CapabilityRecord:
         """The capability being built."""
         return next(c for c in s["capabilities"] if c.name == s["current"])
@@ -262,7 +274,7 @@ class Pipeline:
         env = s["envs"][name]
         cap = next((c for c in s.get("capabilities") or [] if c.name == name), None)
         trained_on = env.trained_on or TrainedOn(name=name, description=cap.description if cap else name)
-        record = train_capability(name, env.env, self.dir / "train" / name, self.comps.load_base, cfg.grpo,
+        record = train_capability(name, self.here(env.env), self.dir / "train" / name, self.comps.load_base, cfg.grpo,
                                   trained_on=trained_on, train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds,
                                   substitute=env.substitute, log=self.log)
         return {"adapters": {name: record}}
@@ -271,7 +283,9 @@ class Pipeline:
     def compose(self, s: State) -> dict:
         from trace_rl.training.compose import compose_trained
 
-        path, untrained = compose_trained(s.get("adapters") or {}, self.dir / "train", self.dir / "composition",
+        adapters = {k: a.model_copy(update={"adapter": self.here(a.adapter)}) if a.adapter else a
+                    for k, a in (s.get("adapters") or {}).items()}
+        path, untrained = compose_trained(adapters, self.dir / "train", self.dir / "composition",
                                           self.comps.load_base, log=self.log, **self.cfg.compose.model_dump())
         return {"composition": path, "gates_untrained": untrained}
 
@@ -308,7 +322,7 @@ class Pipeline:
         from trace_rl.training.compose import adapter_names
 
         trained = adapter_names(s.get("adapters") or {})
-        return {"base": self.comps.lora_agent(None), **{name: self.comps.lora_agent(s["adapters"][key].adapter)
+        return {"base": self.comps.lora_agent(None), **{name: self.comps.lora_agent(self.here(s["adapters"][key].adapter))
                                                          for key, name in trained.items()}}
 
     def evaluate(self, s: State) -> dict:
@@ -328,6 +342,8 @@ class Pipeline:
         target = s.get("target_adapter")
         if target is not None and not target.untrained:
             from trace_rl.training.train import target_policy
+
+            target = target.model_copy(update={"adapter": self.here(target.adapter)})
 
             policies["grpo_target"] = self.comps.lora_agent(target.adapter) if self.comps.lora_agent \
                 else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows)

@@ -2,6 +2,7 @@
 rejected environment, kill-and-resume at every node, the autonomous loop, config errors."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -148,9 +149,15 @@ def test_until_train_stops_with_every_environment_approved_and_nothing_trained(t
                for n in names)
     assert not st.get("adapters") and not (tmp_path / "train").exists()
     assert go(until="train")["status"] == "stopped" and not (tmp_path / "train").exists()  # asked again: stays
-    done = go()
+    # the GPU machine's part, elsewhere: the run packed, unpacked under another path, the original gone
+    from trace_rl.graph.rundir import pack, unpack
+
+    pack(tmp_path, tmp_path.parent / f"{tmp_path.name}-parts")
+    moved = unpack(tmp_path.parent / f"{tmp_path.name}-parts", tmp_path.parent / f"{tmp_path.name}-gpu")
+    shutil.rmtree(tmp_path)
+    done = drive(moved, cfg, resume=True, wait=False, log=lambda *a: None)
     assert done["status"] == "done" and list(done["state"]["adapters"]) == names
-    assert all((tmp_path / "train" / n / "grpo" / "adapter").is_dir() for n in names)
+    assert all((moved / "train" / n / "grpo" / "adapter").is_dir() for n in names)
 
 
 def test_capability_approval_can_reject_a_capability(tmp_path, sandbox_image):
