@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from trace_rl import prompts
 from trace_rl.core.io import atomic_write_json
@@ -237,6 +237,8 @@ class LabelItem(BaseModel):
     step: int | None = Field(None, description="the step (message number) that shows the label")
     quote: str = Field("", description="a short exact quote from that step")
     fact: str | None = Field(None, description="for LACKING: instead of a quote, a fact listed for the trajectory")
+    cited_step: int | None = Field(None, description="set by the evidence check: the step the model cited, when "
+                                                     "its quote was found at another")
 
 
 def _normal(text: str) -> str:
@@ -244,23 +246,56 @@ def _normal(text: str) -> str:
 
 
 def evidence_ok(item: LabelItem, traj: Trajectory, facts: dict | None) -> bool:
-    """Does the cited evidence check? A quote must occur at its step (case and spacing aside); a
-    fact must be one code found in this trajectory, and only a LACKING label may cite one."""
+    """Does the cited evidence check? A quote must occur in the trajectory (case and spacing aside):
+    at its step, or else at another step, which then becomes the label's step (`cited_step` keeps
+    the model's: small models miscount steps but copy text well; a quote found nowhere is made up).
+    A fact must be one code found in this trajectory, and only a LACKING label may cite one."""
     if item.label is Label.NA:
         return True
     if item.fact and item.label is Label.LACKING and (facts or {}).get(item.fact):
         return True
     quote = _normal(item.quote.strip().strip('"\''))
-    if item.step is None or not 0 <= item.step < len(traj.messages) or not 3 <= len(quote) <= 300:
+    if not 3 <= len(quote) <= 300:
         return False
-    m = traj.messages[item.step]
-    text = str(m.get("content") or "") + " " + " ".join(
-        f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m.get("tool_calls") or [])
-    return quote in _normal(text)
+
+    def shows(m: dict) -> bool:
+        return quote in _normal(str(m.get("content") or "") + " " + " ".join(
+            f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m.get("tool_calls") or []))
+    if item.step is not None and 0 <= item.step < len(traj.messages) and shows(traj.messages[item.step]):
+        return True
+    found = [k for k, m in enumerate(traj.messages) if shows(m)]
+    if not found:
+        return False
+    nearest = min(found, key=lambda k: abs(k - (item.step if item.step is not None else k)))
+    item.cited_step, item.step = item.step, nearest
+    return True
 
 
-class LabelBatch(BaseModel):
-    labels: list[LabelItem]
+def answer_shapes(ids: list[str], caps: list[str]) -> tuple[type[BaseModel], type[BaseModel]]:
+    """(strict, lenient) shapes of one labelling answer: {trajectory id: {capability: label and
+    evidence}}. The strict one, every pair required, is the grammar (llama.cpp decodes to it): a
+    small model cannot skip a pair or invent an id (the 0.5B wrote "..." for both, copied from an
+    example), it only decides each label. The lenient one, every pair optional, is what is parsed,
+    so an endpoint without a grammar that answers part of the pairs keeps that part."""
+    body = create_model("PairLabel", label=(Label, ...), step=(int | None, None), quote=(str, ""),
+                        fact=(str | None, None))
+
+    def shape(name: str, required: bool) -> type[BaseModel]:
+        field = lambda t, alias: (t if required else t | None, Field(... if required else None, alias=alias))  # noqa
+        per = create_model(f"{name}Pairs", **{f"c{i}": field(body, c) for i, c in enumerate(caps)})
+        return create_model(name, **{f"t{i}": field(per, t) for i, t in enumerate(ids)})
+    return shape("Labels", True), shape("SomeLabels", False)
+
+
+def answer_items(answer: BaseModel, ids: list[str], caps: list[str]) -> list[LabelItem]:
+    """The (trajectory, capability) pairs an answer labelled, as LabelItems."""
+    items = []
+    for i, t in enumerate(ids):
+        for j, c in enumerate(caps):
+            pair = getattr(getattr(answer, f"t{i}") or object(), f"c{j}", None)
+            if pair is not None:
+                items.append(LabelItem(trajectory=t, capability=c, **pair.model_dump()))
+    return items
 
 
 def _batches(trajs: list[Trajectory], cfg: AnalysisConfig, n_caps: int = 1) -> list[list[Trajectory]]:
@@ -299,24 +334,28 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
     ids = by_id(named)
     out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
     missing = sorted(want)
+    cap_names = [c.name for c in caps]
+    strict, lenient = answer_shapes(list(named), cap_names)
+    grammar = {"response_format": llm.response_format(strict)} if llm.config.constrained_json else {}
     for _ in range(3):
         try:
-            got = llm.structured(msgs, LabelBatch, temperature=cfg.label_temperature, seed=seed)
+            got = llm.structured(msgs, lenient, temperature=cfg.label_temperature, seed=seed, **grammar)
         except StructuredOutputError:  # no parsable answer: what is still missing stays unlabelled
             break
-        for item in got.labels:
+        for item in answer_items(got, list(named), cap_names):
             given = resolve_id(item.trajectory, set(ids))
             item.trajectory = ids[given].key if given else item.trajectory
             if (item.trajectory, item.capability) in want:
                 ok = evidence_ok(item, by_key[item.trajectory], facts.get(item.trajectory))
                 out[item.trajectory][item.capability] = item.label.value if ok or not cfg.require_evidence \
                     else UNVERIFIED
-                evidence[item.trajectory][item.capability] = {**item.model_dump(include={"label", "step", "quote",
-                                                                                         "fact"}), "checked": ok}
+                evidence[item.trajectory][item.capability] = {
+                    **item.model_dump(include={"label", "step", "quote", "fact"}),
+                    **({"cited_step": item.cited_step} if item.cited_step is not None else {}), "checked": ok}
         missing = [(t, c) for t, c in sorted(want) if c not in out[t]]
         if not missing:
             return out, evidence
-        msgs = msgs + [{"role": "assistant", "content": got.model_dump_json()},
+        msgs = msgs + [{"role": "assistant", "content": got.model_dump_json(by_alias=True, exclude_none=True)},
                        {"role": "user", "content": "You missed these pairs; label them: "
                                                    + "; ".join(f"{alias_of[t]} x {c}" for t, c in missing[:40])}]
     for t, c in missing:  # never guessed: an unlabelled pair is NA, recorded as such and counted

@@ -2,6 +2,7 @@
 logic is under test; real-model tests use the embedded models."""
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 from trace_rl.core.llm import LLM, LLMConfig, Reply, ToolCall
@@ -37,3 +38,13 @@ def endpoint_error(status: int, message: str, code: str | None = None):
     body = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
     response = SimpleNamespace(status_code=status, request=None, headers={})  # what APIStatusError reads
     return cls(f"Error code: {status} - {{'error': {body}}}", response=response, body=body)
+
+
+def labels_answer(items: list[dict]) -> str:
+    """A labelling answer in the analyst's shape, {trajectory: {capability: label and evidence}},
+    from flat items {"trajectory", "capability", "label", ...}."""
+    out: dict = {}
+    for item in items:
+        rest = {k: v for k, v in item.items() if k not in ("trajectory", "capability")}
+        out.setdefault(item["trajectory"], {})[item["capability"]] = rest
+    return json.dumps(out)

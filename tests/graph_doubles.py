@@ -9,7 +9,7 @@ import re
 import signal
 from pathlib import Path
 
-from doubles import ScriptedLLM
+from doubles import ScriptedLLM, labels_answer
 from tiny import tiny_model, tiny_tokenizer
 from trace_rl.core.llm import Reply, ToolCall
 from trace_rl.evals.benchmark import Benchmark, Episode, Observation, Score, Task, register
@@ -94,10 +94,10 @@ def analyst_script(messages, tools):
             {"name": "polite_reply_style", "description": "Replies in full sentences. It is shown everywhere.",
              "example_task_ids": failed}]})
     weak = os.environ.get("TRACE_RL_WEAK_ANALYST")  # labels everything PRESENT, as the embedded 0.5B did for real
-    return json.dumps({"labels": [
+    return labels_answer([
         {"trajectory": k, "capability": c, "step": 1, "quote": "Which city does",  # the user's question
          "label": "PRESENT" if weak or c == "polite_reply_style" or o == "PASSED" else "LACKING"}
-        for k, o in trajs for c in ("lookup_before_answering", "polite_reply_style")]})
+        for k, o in trajs for c in ("lookup_before_answering", "polite_reply_style")])
 
 
 def builder_script():

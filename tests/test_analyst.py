@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from doubles import ScriptedLLM
+from doubles import ScriptedLLM, labels_answer
 from trace_rl.agents.analyst import (AnalysisConfig, Capability, Label, aggregate, analyze, compact,
                                      run_figures)
 from trace_rl.core.trajectory import Trajectory
@@ -107,7 +107,7 @@ def test_planted_capability_kept_and_distractor_dropped(tmp_path):
                            "label": "LACKING" if seen == "FAILED" and not noisy else "PRESENT", "step": 1,
                            "quote": "m0 x"})  # evidence that checks: message 1 is "m0 x"
             labels.append({"trajectory": k, "capability": "polite_tone", "label": "PRESENT", "step": 2, "quote": "M1 X"})
-        return json.dumps({"labels": labels})
+        return labels_answer(labels)
     script.calls = []
     llm = ScriptedLLM(script)
     cfg = AnalysisConfig(n_runs=10, k=8, context_chars=3000, per_trajectory_chars=1000, concurrency=2)
@@ -204,8 +204,8 @@ def _labelling_script(skip: set[str]):
             raise AssertionError("discovery is not under test here")
         ids = re.findall(r"### trajectory (\S+)\noutcome: (PASSED|FAILED)", text)
         names = re.findall(r"^- ([a-z_]+):", messages[0]["content"], re.M)
-        return json.dumps({"labels": [{"trajectory": k, "capability": c, "label": "PRESENT" if o == "PASSED" else "LACKING",
-                                       "step": 1, "quote": "m0 x"} for k, o in ids for c in names if c not in skip]})
+        return labels_answer([{"trajectory": k, "capability": c, "label": "PRESENT" if o == "PASSED" else "LACKING",
+                               "step": 1, "quote": "m0 x"} for k, o in ids for c in names if c not in skip])
     return script
 
 
@@ -292,8 +292,9 @@ def test_a_batch_the_analyst_cannot_label_is_unlabelled_not_a_crash(tmp_path):
 
 
 def test_a_label_whose_evidence_does_not_check_is_na_and_counted(tmp_path):
-    """Quotes that do not occur at their step, a step out of range, a fact code never found, or no
-    evidence at all: each such PRESENT/LACKING label counts as NA and is counted per run."""
+    """A quote found nowhere in the trajectory, a fact code never found, or no evidence at all: each
+    such PRESENT/LACKING label counts as NA and is counted per run. A quote found at another step
+    than the one cited checks there (small models miscount steps, not text)."""
     trajs = [traj(i, passed=i % 2 == 0) for i in range(6)]
     bad = [{"step": 1, "quote": "never said"}, {"step": 99, "quote": "m0 x"}, {"fact": "write_without_read"}, {}]
 
@@ -302,13 +303,34 @@ def test_a_label_whose_evidence_does_not_check_is_na_and_counted(tmp_path):
             return json.dumps({"capabilities": [{"name": "verify_preconditions", "description": "Checks first. "
                                "It matters.", "example_task_ids": [t.key for t in trajs if not t.passed][:2]}]})
         ids = re.findall(r"### trajectory (\S+)", messages[1]["content"])
-        return json.dumps({"labels": [{"trajectory": k, "capability": "verify_preconditions", "label": "LACKING",
-                                       **bad[i % len(bad)]} for i, k in enumerate(ids)]})
+        return labels_answer([{"trajectory": k, "capability": "verify_preconditions", "label": "LACKING",
+                               **bad[i % len(bad)]} for i, k in enumerate(ids)])
     cfg = AnalysisConfig(n_runs=2, k=1, context_chars=3000, per_trajectory_chars=1000, concurrency=1)
     (res,) = analyze(trajs, ScriptedLLM(script), tmp_path, cfg, progress=False)
     runs = json.loads((tmp_path / "capabilities.json").read_text())["labelling_runs"]
-    assert [r["unverified"] for r in runs] == [6, 6] and not res.kept and res.cov_mean == 0.0
+    # a quote found nowhere, a fact code did not find, no evidence: 4 of 6 (trajectories 0, 2, 3, 4) per run;
+    # "m0 x" cited at step 99 is in the trajectory at step 1: checked there, the model's step kept beside it
+    assert [r["unverified"] for r in runs] == [4, 4] and not res.kept
+    moved = json.loads((tmp_path / "labels" / "run_00_evidence.json").read_text())[trajs[1].key]["verify_preconditions"]
+    assert moved == {"label": "LACKING", "step": 1, "quote": "m0 x", "fact": None, "cited_step": 99, "checked": True}
     assert "[1] [assistant] m0 x" in compact(trajs[0], 1000)  # what the analyst sees: the step numbers it cites
+
+
+def test_the_labelling_grammar_requires_every_pair_and_the_parser_keeps_a_partial_answer():
+    from pydantic import ValidationError
+
+    from trace_rl.agents.analyst import answer_items, answer_shapes
+
+    strict, lenient = answer_shapes(["T1", "T2"], ["tool_use", "model_json_schema"])  # a name pydantic would shadow
+    schema = strict.model_json_schema()
+    assert schema["required"] == ["T1", "T2"]
+    pairs = schema["$defs"][schema["properties"]["T1"]["$ref"].split("/")[-1]]
+    assert pairs["required"] == ["tool_use", "model_json_schema"] and "required" not in lenient.model_json_schema()
+    partial = {"T2": {"model_json_schema": {"label": "LACKING", "step": 3, "quote": "get_order"}}}
+    with pytest.raises(ValidationError):
+        strict.model_validate(partial)
+    (item,) = answer_items(lenient.model_validate(partial), ["T1", "T2"], ["tool_use", "model_json_schema"])
+    assert (item.trajectory, item.capability, item.label, item.step) == ("T2", "model_json_schema", Label.LACKING, 3)
 
 
 def test_a_labelling_call_asks_no_more_pairs_than_its_answer_can_hold():
