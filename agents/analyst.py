@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
@@ -27,7 +28,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.core.llm import LLM, ReplyError, StructuredOutputError
 from trace_rl.core.records import CapabilityRecord
 from trace_rl.core.trajectory import Trajectory
-from trace_rl.evals.facts import facts_summary, render_facts, trajectory_facts
+from trace_rl.evals.facts import FACTS, facts_summary, render_facts, trajectory_facts
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
 
@@ -271,19 +272,25 @@ def evidence_ok(item: LabelItem, traj: Trajectory, facts: dict | None) -> bool:
     return True
 
 
-def answer_shapes(ids: list[str], caps: list[str]) -> tuple[type[BaseModel], type[BaseModel]]:
+def answer_shapes(ids: list[str], caps: list[str], facts: dict[str, list[str]] | None = None
+                  ) -> tuple[type[BaseModel], type[BaseModel]]:
     """(strict, lenient) shapes of one labelling answer: {trajectory id: {capability: label and
     evidence}}. The strict one, every pair required, is the grammar (llama.cpp decodes to it): a
     small model cannot skip a pair or invent an id (the 0.5B wrote "..." for both, copied from an
     example), it only decides each label. The lenient one, every pair optional, is what is parsed,
-    so an endpoint without a grammar that answers part of the pairs keeps that part."""
-    body = create_model("PairLabel", label=(Label, ...), step=(int | None, None), quote=(str, ""),
-                        fact=(str | None, None))
+    so an endpoint without a grammar that answers part of the pairs keeps that part. `facts`: per id,
+    the facts code found there, the only ones the grammar lets a label cite."""
+    def body(name: str, found: list[str] | None) -> type[BaseModel]:
+        fact = (str | None, None) if found is None else (Literal[tuple(found)] | None, None) if found else None
+        return create_model(name, label=(Label, ...), step=(int | None, None), quote=(str, ""),
+                            **({"fact": fact} if fact else {}))
 
     def shape(name: str, required: bool) -> type[BaseModel]:
         field = lambda t, alias: (t if required else t | None, Field(... if required else None, alias=alias))  # noqa
-        per = create_model(f"{name}Pairs", **{f"c{i}": field(body, c) for i, c in enumerate(caps)})
-        return create_model(name, **{f"t{i}": field(per, t) for i, t in enumerate(ids)})
+        per = {t: create_model(f"{name}{i}", **{f"c{j}": field(
+            body(f"{name}{i}Label", (facts or {}).get(t) if required and facts is not None else None), c)
+            for j, c in enumerate(caps)}) for i, t in enumerate(ids)}
+        return create_model(name, **{f"t{i}": field(per[t], t) for i, t in enumerate(ids)})
     return shape("Labels", True), shape("SomeLabels", False)
 
 
@@ -335,7 +342,8 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
     out: dict[str, dict[str, str]] = {t.key: {} for t in batch}
     missing = sorted(want)
     cap_names = [c.name for c in caps]
-    strict, lenient = answer_shapes(list(named), cap_names)
+    found = {a: [f for f in FACTS if (facts.get(t.key) or {}).get(f)] for a, t in named.items()}
+    strict, lenient = answer_shapes(list(named), cap_names, found)
     grammar = {"response_format": llm.response_format(strict)} if llm.config.constrained_json else {}
     for _ in range(3):
         try:

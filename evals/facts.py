@@ -20,6 +20,7 @@ FACTS = {
     "invalid_arguments": "a call whose arguments break the tool's schema (missing, unknown or mistyped)",
     "repeated_calls": "the same call (tool and arguments) made again",
     "write_without_read": "a tool that changes data called on an id no earlier call or result mentioned",
+    "no_tool_calls": "the agent ended without calling any tool",
 }
 READ_VERBS = ("get", "find", "list", "search", "check", "calculate", "lookup", "read", "show", "view", "think")
 NEUTRAL = ("transfer_to_human_agents", "done")  # neither reads nor changes data
@@ -75,6 +76,10 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
             if known and is_write(name) and ids and not any(v in mentioned for v in ids):
                 facts["write_without_read"].append({"step": step, "detail": f"{name} on {', '.join(ids)[:120]}"})
             mentioned.update(v for v in (args or {}).values() if isinstance(v, str))
+    if not used:
+        last = max((i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"), default=None)
+        facts["no_tool_calls"].append({"step": last, "detail": str(traj.messages[last].get("content") or "")[:120]
+                                       if last is not None else "no agent turn"})
     return {**facts, "termination": traj.termination, "tools_used": sorted(set(used)),
             "turns": sum(m.get("role") == "assistant" for m in traj.messages)}
 
@@ -103,9 +108,7 @@ def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: in
         return ", ".join(f"{t} {n}" for t, n in Counter(facts[k]["termination"] for k in keys).most_common()) or "none"
 
     lines = [f"Code-found facts across all {len(facts)} trajectories ({len(failed)} failed, {len(passed)} passed):",
-             f"- how episodes ended: failed: {ends(failed)}; passed: {ends(passed)}",
-             f"- no tool call at all: failed {share(failed, lambda f: not f['tools_used'])}, "
-             f"passed {share(passed, lambda f: not f['tools_used'])}"]
+             f"- how episodes ended: failed: {ends(failed)}; passed: {ends(passed)}"]
     for name, meaning in FACTS.items():
         seen = list(dict.fromkeys(o["detail"][:100] for k in failed for o in facts[k][name]))[:examples]
         lines.append(f"- {name} ({meaning}): failed {share(failed, lambda f: f[name])}, "

@@ -170,7 +170,7 @@ def test_discovery_reads_the_code_found_summary_of_all_trajectories():
     discover(llm, trajs, AnalysisConfig(discovery_examples=2), facts=facts)
     shown = llm.requests[0][-1]["content"]
     assert shown.startswith("Code-found facts across all 6 trajectories (5 failed, 1 passed)")
-    assert "no tool call at all: failed 5 of 5, passed 1 of 1" in shown  # counted over all six, not the two shown
+    assert "no_tool_calls (the agent ended without calling any tool): failed 5 of 5, passed 1 of 1" in shown  # all six
 
 
 def test_discovery_rejects_duplicates():
@@ -330,6 +330,12 @@ def test_the_labelling_grammar_requires_every_pair_and_the_parser_keeps_a_partia
     with pytest.raises(ValidationError):
         strict.model_validate(partial)
     (item,) = answer_items(lenient.model_validate(partial), ["T1", "T2"], ["tool_use", "model_json_schema"])
+    # with the facts code found per trajectory, a label may cite only those (T2: none, so no fact field at all)
+    strict, _ = answer_shapes(["T1", "T2"], ["tool_use"], {"T1": ["tool_errors", "no_tool_calls"], "T2": []})
+    defs = strict.model_json_schema()["$defs"]
+    t1 = next(d for n, d in defs.items() if n.endswith("0Label"))
+    t2 = next(d for n, d in defs.items() if n.endswith("1Label"))
+    assert t1["properties"]["fact"]["anyOf"][0]["enum"] == ["tool_errors", "no_tool_calls"] and "fact" not in t2["properties"]
     assert (item.trajectory, item.capability, item.label, item.step) == ("T2", "model_json_schema", Label.LACKING, 3)
 
 

@@ -47,7 +47,9 @@ def test_a_careful_trajectory_has_no_failure_facts():
              {"role": "assistant", "content": "Done."})
     f = trajectory_facts(t, TOOLS)
     assert not any(f[k] for k in ("tool_errors", "unknown_tools", "invalid_arguments", "repeated_calls",
-                                  "write_without_read"))
+                                  "write_without_read", "no_tool_calls"))
+    silent = traj({"role": "assistant", "content": "I would need the ticket first."})
+    assert trajectory_facts(silent, TOOLS)["no_tool_calls"] == [{"step": 2, "detail": "I would need the ticket first."}]
 
 
 def test_transfer_metric_is_the_share_of_episodes_with_the_failure():
@@ -73,7 +75,8 @@ def test_the_summary_counts_each_fact_over_failed_and_passed_with_examples():
     text = facts_summary(facts, {"bad": False, "silent": False, "good": True})
     assert "all 3 trajectories (2 failed, 1 passed)" in text
     assert "failed: too_many_errors 1, agent_error 1; passed: agent_stop 1" in text
-    assert "no tool call at all: failed 1 of 2, passed 0 of 1" in text
+    assert "no_tool_calls (the agent ended without calling any tool): failed 1 of 2, passed 0 of 1; " \
+           "e.g. 'Sure, I can help.'" in text
     assert "tool_errors (a tool answered with an error): failed 1 of 2, passed 0 of 1; " \
            "e.g. 'Error: reservation not found'" in text
     assert "write_without_read" in text and "failed 1 of 2" in text.split("write_without_read")[1]
