@@ -282,8 +282,9 @@ def answer_shapes(ids: list[str], caps: list[str], facts: dict[str, list[str]] |
     the facts code found there, the only ones the grammar lets a label cite."""
     def body(name: str, found: list[str] | None) -> type[BaseModel]:
         fact = (str | None, None) if found is None else (Literal[tuple(found)] | None, None) if found else None
-        return create_model(name, label=(Label, ...), step=(int | None, None), quote=(str, ""),
-                            **({"fact": fact} if fact else {}))
+        # bounded, so a looping small model ends its string (a 0.5B filled 2,047 tokens with one quote)
+        return create_model(name, label=(Label, ...), step=(int | None, Field(None, ge=0, le=9999)),
+                            quote=(str, Field("", max_length=160)), **({"fact": fact} if fact else {}))
 
     def shape(name: str, required: bool) -> type[BaseModel]:
         field = lambda t, alias: (t if required else t | None, Field(... if required else None, alias=alias))  # noqa
