@@ -168,12 +168,23 @@ def copies_starter(spec: dict, tools: list[dict]) -> bool:
 
 
 def _task_shape(spec: dict, tools: list[dict]) -> str:
-    """The user message, reference and reward with slots, tool names and argument names abstracted."""
-    text = json.dumps([spec.get(k) for k in ("user_message", "reference", "reward")], sort_keys=True)
-    text = re.sub(r"\{\{?\s*task\.[^}]*\}\}?", "{slot}", text)
-    for t in tools:
-        text = text.replace(json.dumps(t["function"]["name"]), '"TOOL"')
-    return re.sub(r'"args": \{[^{}]*\}', '"args": {}', text)
+    """The user message, reference and reward with slots, tool names and arguments abstracted (the
+    proof run's 1.5B passed the starter off as two capabilities' envs by looking the record up by
+    phone number instead of id)."""
+    names = {t["function"]["name"] for t in tools}
+
+    def walk(x, key: str | None = None):
+        if key == "args":
+            return {}
+        if isinstance(x, dict):
+            return {k: walk(v, k) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, str):
+            x = re.sub(r"\{\{?\s*task\.[^}]*\}\}?", "{slot}", x)
+            return "TOOL" if x in names else x
+        return x
+    return json.dumps(walk([spec.get(k) for k in ("user_message", "reference", "reward")]), sort_keys=True)
 
 
 def spec_example(capability: str = "", target: str = "") -> str:

@@ -168,6 +168,15 @@ def test_a_spec_that_only_renames_the_starter_is_a_finding_and_a_real_one_is_not
     entity = next(iter(copy["entities"]))
     copy = json.loads(json.dumps(copy).replace(f"task.{entity}.", "task.thing.").replace(f'"{entity}"', '"thing"'))
     assert copies_starter(copy, target.tools)
+    # the proof run's 1.5B: the same task, the record looked up by another tool and argument
+    other = next(t["function"] for t in target.tools if t["function"]["name"] != copy["reference"][0]["call"]
+                 and (t["function"].get("parameters") or {}).get("properties"))
+    arg = next(iter(other["parameters"]["properties"]))
+    by_other = json.loads(json.dumps(copy))
+    for step in (by_other["reference"][0], by_other["reward"][0]["pred"]):
+        step[("call" if "call" in step else "tool")] = other["name"]
+        step["args"] = {arg: next(iter(step["args"].values()))}
+    assert copies_starter(by_other, target.tools)
     assert not copies_starter(json.loads(spec_example("x", f"tau2:{domain}")), target.tools)
     extended = json.loads(json.dumps(copy))
     extended["reward"].append({"name": "no_cancel", "weight": 0.2, "pred": {"op": "not_called", "tool": "x"}})
