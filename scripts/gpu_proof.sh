@@ -58,7 +58,7 @@ PY
   phase-b)
     source scripts/device_env.sh /nonexistent
     rm -rf /tmp/unpacked && cli unpack .device/run --into /tmp/unpacked || exit 1
-    rm -rf "$RUN" && mv /tmp/unpacked/proof "$RUN"
+    rm -rf "$RUN" && mv /tmp/unpacked/* "$RUN"
     bash "$0" target "$2" "$(( ${3:-540} - 20 ))" >/dev/null 2>&1 &   # logs to $OUT/target.log
     # no LLM is asked while training: the agent's engine server (started with the run's components) stays small
     timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 --no-wait \
@@ -69,8 +69,8 @@ PY
     source scripts/device_env.sh /nonexistent
     if [ "${3:-}" = new ]; then
       rm -rf /tmp/unpacked && cli unpack .device/run --into /tmp/unpacked || exit 1
-      [ -d "$RUN/train_target" ] && cp -r "$RUN/train_target" /tmp/unpacked/proof/
-      rm -rf "$RUN" && mv /tmp/unpacked/proof "$RUN"
+      [ -d "$RUN/train_target" ] && [ ! -d /tmp/unpacked/*/train_target ] && cp -r "$RUN/train_target" /tmp/unpacked/*/
+      rm -rf "$RUN" && mv /tmp/unpacked/* "$RUN"
     fi
     [ -d "$RUN" ] || { echo "no run at $RUN: resume SECONDS new, carrying .device/run" >&2; exit 1; }
     timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --no-wait --no-web 2>&1 \
