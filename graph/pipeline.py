@@ -344,7 +344,6 @@ class Pipeline:
             from trace_rl.training.train import target_policy
 
             target = target.model_copy(update={"adapter": self.here(target.adapter)})
-
             policies["grpo_target"] = self.comps.lora_agent(target.adapter) if self.comps.lora_agent \
                 else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows)
         elif target is not None:
