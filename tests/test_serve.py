@@ -89,11 +89,47 @@ def test_schema_prefix_opens_the_asked_object_in_both_request_forms():
     assert schema_prefix(None) == schema_prefix({"type": "json_object"}) == ""
 
 
-def test_a_structured_request_gets_a_reply_that_starts_the_schema_and_a_plain_one_does_not(server):
+def test_a_structured_request_is_decoded_to_its_schema(server):
+    """The engine's grammar (xgrammar) holds the tiny random model to the schema, as llama.cpp's does."""
+    import json
+
     url, _ = server
-    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=16))
+    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=64))
     msgs = [{"role": "user", "content": "name one capability"}]
     fmt = {"type": "json_schema", "json_schema": {"name": "C", "schema": {
-        "properties": {"capabilities": {"type": "array"}}, "required": ["capabilities"]}}}
-    assert llm.chat(msgs, response_format=fmt).content.startswith('{"capabilities": ')
-    assert not (llm.chat(msgs).content or "").startswith('{"capabilities": ')
+        "type": "object", "required": ["capabilities"], "additionalProperties": False,
+        "properties": {"capabilities": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}}}}}
+    reply = json.loads(llm.chat(msgs, response_format=fmt).content)
+    assert list(reply) == ["capabilities"] and set(reply["capabilities"]) <= {"a", "b"}
+    plain = llm.chat(msgs).content or ""
+    with pytest.raises(ValueError):
+        json.loads(plain)
+
+
+def test_without_xgrammar_a_structured_reply_is_started_with_the_schema_prefix(server, monkeypatch):
+    from trace_rl.training import grammar
+
+    _, policy = server
+    monkeypatch.setattr(grammar, "available", lambda: False)
+    port = free_port()
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(policy, "tiny"))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        llm = LLM(LLMConfig(model="tiny", base_url=f"http://127.0.0.1:{port}/v1", max_tokens=16))
+        msgs = [{"role": "user", "content": "name one capability"}]
+        fmt = {"type": "json_schema", "json_schema": {"name": "C", "schema": {
+            "properties": {"capabilities": {"type": "array"}}, "required": ["capabilities"]}}}
+        assert llm.chat(msgs, response_format=fmt).content.startswith('{"capabilities": ')
+        assert not (llm.chat(msgs).content or "").startswith('{"capabilities": ')
+    finally:
+        httpd.shutdown()
+
+
+def test_a_schema_the_grammar_cannot_compile_is_a_400_naming_response_format(server):
+    import openai
+
+    url, _ = server
+    llm = LLM(LLMConfig(model="tiny", base_url=url, max_tokens=16, retries=0))
+    fmt = {"type": "json_schema", "json_schema": {"name": "C", "schema": {"type": "object", "$ref": "#/nowhere"}}}
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        llm.chat([{"role": "user", "content": "a"}], response_format=fmt)

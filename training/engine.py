@@ -15,6 +15,10 @@ evaluated in process (base, adapters, router, MoE) and the OpenAI-compatible ser
   bookkeeping run on the GPU inside the step, so a step is one graph replay; the host looks at
   the rows every few steps only. On the CPU the same step runs eagerly.
 
+- **Grammar.** A request with a matcher (training/grammar.py) samples only tokens its JSON schema
+  allows: the host advances the matchers and refills a bitmask after every step, the step applies it.
+  A batch with no matcher runs as above, with no host round trip per token.
+
 Weights that change (a GRPO step, a different adapter) make cached keys stale: call `reset()`.
 Rows carry a `tag` (e.g. the adapter a conversation is routed to): prefixes are shared only
 between rows of the same tag, and `before_forward(tags)` lets a model route rows by tag.
@@ -42,6 +46,7 @@ class Request:
     max_new: int
     temperature: float = 0.0
     tag: int = 0
+    grammar: object | None = None  # a matcher (training/grammar.py): the reply is held to its schema
 
 
 def stop_ids(tokenizer) -> list[int]:
@@ -181,6 +186,7 @@ class Engine:
         self._shape = (cfg.num_hidden_layers, rows, kv_heads, head_dim)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.stops = torch.tensor(stop_ids(tokenizer), device=self.device)
+        self.stop_set = set(stop_ids(tokenizer))
         dev = self.device
         self.n_real = torch.zeros(rows, dtype=torch.long, device=dev)  # a row's tokens so far = its next position
         # decode state, mutated in place by the step (static addresses for graph replay)
@@ -190,6 +196,9 @@ class Engine:
         self.temp = torch.zeros(rows, dtype=torch.float32, device=dev)
         self.tags = torch.zeros(rows, dtype=torch.long, device=dev)
         self.out = torch.zeros(rows, 1, dtype=torch.long, device=dev)  # the token sampled this step
+        self.vocab_size = self.hf.get_output_embeddings().weight.shape[0]
+        self.allow = torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32, device=dev)  # grammar bits
+        self._bits = torch.arange(32, dtype=torch.int32, device=dev)
         self._allocate(min(max_len, self.limit))
         self.lock = threading.Lock()
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "compactions": 0}
@@ -201,7 +210,7 @@ class Engine:
         cache = RowCache(*self._shape, max_len, self.dtype, self.device)
         valid = torch.zeros(self.rows, max_len + SLACK, dtype=torch.bool, device=self.device)  # a row's token columns
         self.cache, self.valid, self.max_len = cache, valid, max_len
-        self._graph = self._compiled = None
+        self._graph, self._compiled = {}, {}  # per step kind: free, or masked by a grammar
         self.reset()
 
     def reset(self) -> None:
@@ -330,15 +339,19 @@ class Engine:
         self.stats["prefill_tokens"] += int(real.sum())
         return logits
 
-    def _sample(self, logits: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
-        """Plain softmax sampling at each row's temperature (Gumbel-max), argmax where it is 0."""
+    def _sample(self, logits: torch.Tensor, temp: torch.Tensor, allow: torch.Tensor | None = None) -> torch.Tensor:
+        """Plain softmax sampling at each row's temperature (Gumbel-max), argmax where it is 0; with
+        `allow` (bit j of word w set: token 32w+j allowed), among the allowed tokens only."""
+        if allow is not None:
+            ok = ((allow[:, :, None] >> self._bits) & 1).flatten(1)[:, :logits.shape[-1]].bool()
+            logits = logits.masked_fill(~ok, float("-inf"))
         u = torch.rand_like(logits).clamp_(min=1e-20)
         gumbel = -torch.log(-torch.log(u))
         t = temp[:, None]
         scores = torch.where(t > 0, logits / t.clamp(min=1e-6) + gumbel, logits)
         return scores.argmax(-1)
 
-    def _step(self) -> None:
+    def _step(self, masked: bool = False) -> None:
         """Feed each live row its last token, sample the next one; all on the device."""
         col = self.cache.col.view(1)
         self.valid.index_fill_(1, col, True)  # every query sees its own column (no NaN in idle rows)
@@ -348,38 +361,40 @@ class Engine:
         self.valid.index_copy_(1, col, self.live.view(-1, 1))  # kept only where a live row's token sits
         self.cache.col.add_(1)
         self.n_real.add_(self.live.long())
-        nxt = torch.where(self.live, self._sample(logits, self.temp), torch.full_like(self.tok, self.pad))
+        nxt = torch.where(self.live, self._sample(logits, self.temp, self.allow if masked else None),
+                          torch.full_like(self.tok, self.pad))
         self.tok.copy_(nxt)
         self.out.copy_(nxt.view(-1, 1))
         self.left.sub_(self.live.long())
         self.live.logical_and_(~torch.isin(nxt, self.stops) & (self.left > 0))
 
-    def _run_step(self) -> None:
-        if self._compiled is None:
-            step = self._step
+    def _run_step(self, masked: bool = False) -> None:
+        if masked not in self._compiled:
+            step = lambda: self._step(masked)  # noqa: E731
             if self.mode == "inductor":  # fused kernels; on CUDA then replayed as one graph like "graph"
                 from torch import _dynamo
 
                 _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
-                step = torch.compile(self._step, fullgraph=False)
-            self._compiled = step
+                step = torch.compile(step, fullgraph=False)
+            self._compiled[masked] = step
+        run = self._compiled[masked]
         if self.device.type != "cuda" or self.mode == "eager":
-            return self._compiled()
-        if self._graph is None:  # capture once per cache layout, after warm-up runs on a side stream
+            return run()
+        if masked not in self._graph:  # capture once per cache layout, after warm-up runs on a side stream
             saved = [t.clone() for t in self._graph_state()]
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
                 for _ in range(3):  # (the first runs compile, under inductor)
-                    self._compiled()
+                    run()
             torch.cuda.current_stream().wait_stream(s)
             for t, v in zip(self._graph_state(), saved):  # undo the warm-up steps
                 t.copy_(v)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):  # records, runs nothing; kept only once it is whole
-                self._compiled()
-            self._graph = graph
-        self._graph.replay()
+                run()
+            self._graph[masked] = graph
+        self._graph[masked].replay()
 
     def _graph_state(self) -> list[torch.Tensor]:
         """Everything the step mutates, except the cache's keys (rewritten at the same column)."""
@@ -443,7 +458,14 @@ class Engine:
         # decode
         self.temp.zero_()
         self.temp[sel] = torch.tensor([float(r.temperature) for r in reqs], device=self.device)
-        tok = self._sample(logits, self.temp[sel])
+        grammars = {i: r.grammar for i, r in enumerate(reqs) if r.grammar is not None}
+        masked = bool(grammars)
+        host = torch.full(self.allow.shape, -1, dtype=torch.int32) if masked else None
+        if masked:
+            for i, m in grammars.items():
+                m.fill_next_token_bitmask(host, rows[i])
+            self.allow.copy_(host)
+        tok = self._sample(logits, self.temp[sel], self.allow[sel] if masked else None)
         self.live.zero_()
         self.left.zero_()
         self.left[sel] = torch.tensor([r.max_new - 1 for r in reqs], device=self.device)
@@ -451,9 +473,11 @@ class Engine:
         self.live[sel] = ~torch.isin(tok, self.stops) & (self.left[sel] > 0)
         produced = [tok]
         for i in range(max(r.max_new for r in reqs) - 1):
-            if i % self.check_every == 0 and not bool(self.live.any()):
+            if masked:
+                self._advance(grammars, rows, produced[-1].tolist(), host)
+            if (masked or i % self.check_every == 0) and not bool(self.live.any()):
                 break
-            self._run_step()
+            self._run_step(masked)
             produced.append(self.out[sel, 0].clone())
             self.stats["decode_steps"] += 1
         table = torch.stack(produced, 1).tolist()
@@ -465,6 +489,20 @@ class Engine:
             self.state[j].tokens = list(r.ids) + toks[:-1]  # the last sampled token was never fed
             results.append(toks)
         return results
+
+
+    def _advance(self, grammars: dict, rows: list[int], toks: list[int], host: torch.Tensor) -> None:
+        """Feed each constrained request's last token to its matcher and refill its row of the mask.
+        A token the matcher refuses (only possible past the schema's end) ends that row."""
+        stops = self.stop_set
+        for i, m in list(grammars.items()):
+            if toks[i] in stops or m.is_terminated() or not m.accept_token(toks[i]):
+                del grammars[i]  # finished (a stop token, or the schema is complete), or refused
+                if toks[i] not in stops:
+                    self.live[rows[i]] = False
+                continue
+            m.fill_next_token_bitmask(host, rows[i])
+        self.allow.copy_(host)
 
 
 class Batcher:

@@ -3,8 +3,10 @@ for machines without llama.cpp (a GPU machine): the user simulator, the analyst,
 
 Concurrent requests decode together (the engine's batcher), a conversation's earlier turns and a
 shared system prompt stay in its cache. Tool calls are parsed from the text, as for llama.cpp
-with the model's own template. `response_format` is not enforced (no grammar): the reply is started
-with the schema's first key (schema_prefix) and callers validate and retry, as with any endpoint.
+with the model's own template. `response_format` is enforced as llama.cpp does it: the reply is
+decoded to the JSON schema (training/grammar.py, xgrammar). Where xgrammar is not installed the reply
+is only started with the schema's first key (schema_prefix), and callers validate and retry, as with
+any endpoint.
 
     python -m trace_rl.training.serve --model qwen2.5-coder-1.5b --port 8081 [--rows 64]
 """
@@ -46,7 +48,7 @@ def served(llm, serve: str, rows: int = 64):
 
 def schema_prefix(response_format: dict | None) -> str:
     """The opening of the JSON object that `response_format`'s schema asks for (`{"capabilities": `).
-    The engine has no grammar; written into the assistant's turn, this opening holds a small model to
+    For an engine without xgrammar: written into the assistant's turn, this opening holds a small model to
     the asked shape (the 0.5B otherwise answers an analyst prompt with a tool call of its own). Not a
     guarantee: the client still validates and retries. Both forms: OpenAI's json_schema, and
     llama.cpp's json_object + schema."""
@@ -61,11 +63,14 @@ def schema_prefix(response_format: dict | None) -> str:
 
 def make_handler(policy, name: str):
     """The request handler for one model (`policy`: an HFPolicy, whose engine batches requests)."""
+    from trace_rl.training import grammar
     from trace_rl.training.engine import Request
     from trace_rl.training.hf_policy import encode, render
 
     tok = policy.tokenizer
-    stops = set(policy.batcher.engine.stops.tolist())  # once, here: a host copy while a graph is captured breaks it
+    engine = policy.batcher.engine
+    stops = engine.stop_set
+    grammars = grammar.Grammars(tok, engine.vocab_size, sorted(stops)) if grammar.available() else None
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -93,7 +98,9 @@ def make_handler(policy, name: str):
             try:
                 req = json.loads(body or b"{}")
                 messages, tools = req["messages"], req.get("tools") or None
-                prefix = "" if tools else schema_prefix(req.get("response_format"))
+                schema = None if tools else grammar.request_schema(req.get("response_format"))
+                matcher = grammars.matcher(schema) if schema and grammars else None
+                prefix = "" if tools or matcher else schema_prefix(req.get("response_format"))
                 ids = encode(tok, render(tok, messages, tools, add_generation_prompt=True) + prefix)
                 max_new = int(req.get("max_tokens") or req.get("max_completion_tokens") or 512)
                 temp = float(req.get("temperature") if req.get("temperature") is not None else 0.0)
@@ -102,7 +109,6 @@ def make_handler(policy, name: str):
             except Exception as err:  # malformed JSON, messages the template cannot render, bad numbers
                 return self._send(400, {"error": {"message": f"bad request: {type(err).__name__}: {err}",
                                                   "type": "invalid_request_error"}})
-            engine = policy.batcher.engine
             if len(ids) + max_new > engine.limit:
                 return self._send(400, {"error": {
                     "message": f"This model's maximum context length is {engine.limit} tokens; the request needs "
@@ -110,7 +116,7 @@ def make_handler(policy, name: str):
                     "type": "invalid_request_error"}})
             t0 = time.perf_counter()
             try:
-                new = policy.batcher.submit(Request(ids, max_new, temp))
+                new = policy.batcher.submit(Request(ids, max_new, temp, grammar=matcher))
             except Exception as err:  # the engine failed: the client sees a 500, the server lives on
                 return self._send(500, {"error": {"message": f"{type(err).__name__}: {err}"}})
             text = prefix + tok.decode(new, skip_special_tokens=True).strip()
