@@ -142,7 +142,9 @@ class Capability(BaseModel):
 
 
 class Candidates(BaseModel):
-    capabilities: list[Capability]
+    # at least one: an empty list parses but names nothing to label (the 0.5B's answer once, docs/benchmarks);
+    # at most the method's 10
+    capabilities: list[Capability] = Field(min_length=1, max_length=10)
 
 
 def resolve_id(given: str, ids: set[str]) -> str | None:
