@@ -6,6 +6,8 @@
 #   model               reassemble + sha256-check the 1.5B, convert it for transformers (once per machine)
 #   analyse SECONDS     rollouts + analysis on τ² telecom into /tmp/proof (stops at the capabilities
 #                       approval), then pack it into $OUT/proof
+#   phase-a STEPS SECONDS  `analyse` and, beside it on the same GPU, `target STEPS` once the run's config exists;
+#                       then pack both (the run comes back with its train_target/)
 #   target STEPS SECS   GRPO on the target (the baseline) into /tmp/proof/train_target with STEPS steps
 #                       (= the capabilities' steps together), while the CPU machine builds: it needs no env
 #   keep SECONDS        hold the machine (sleep) while the CPU machine is still building
@@ -40,6 +42,15 @@ case "${1:-}" in
     # every field the later stages read is set now, so the CPU and GPU halves share one config
     timeout "${2:-420}" python3 -m trace_rl.graph.cli run --run-dir "$RUN" --preset gpu -c "$CONFIG" \
       --no-wait --no-web 2>&1 | tee "$OUT/analyse.log"
+    pack ;;
+  phase-a)
+    source scripts/device_env.sh /nonexistent
+    rm -rf "$RUN"
+    ( for _ in $(seq 120); do [ -f "$RUN/config.json" ] && break; sleep 2; done
+      bash "$0" target "$2" "$(( ${3:-540} - 40 ))" >/dev/null 2>&1 ) &   # logs to $OUT/target.log
+    timeout "$(( ${3:-540} - 20 ))" python3 -m trace_rl.graph.cli run --run-dir "$RUN" --preset gpu -c "$CONFIG" \
+      --no-wait --no-web ${SETS:-} 2>&1 | tee "$OUT/analyse.log"
+    wait
     pack ;;
   target)
     source scripts/device_env.sh /nonexistent
@@ -76,5 +87,5 @@ PY
     timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --no-wait --no-web 2>&1 \
       | tee "$OUT/resume.log"
     pack ;;
-  *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | target STEPS [SECONDS] | keep SECONDS | phase-b STEPS SECONDS | resume SECONDS [new]" >&2; exit 2 ;;
+  *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | phase-a STEPS SECONDS | target STEPS [SECONDS] | keep SECONDS | phase-b STEPS SECONDS | resume SECONDS [new]" >&2; exit 2 ;;
 esac
