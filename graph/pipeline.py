@@ -330,13 +330,18 @@ class Pipeline:
 
         cfg, notes = self.cfg, row_notes(s)
         if s.get("composition"):
-            comp = self._composition()
-            if unknown := set(cfg.eval_modes or []) - set(comp.modes):
-                raise ValueError(f"eval_modes: {sorted(unknown)} are not modes of this composition ({comp.modes})")
+            from trace_rl.training.compose import saved_modes
+
+            modes = saved_modes(self.dir / "composition")
+            if unknown := set(cfg.eval_modes or []) - set(modes):
+                raise ValueError(f"eval_modes: {sorted(unknown)} are not modes of this composition ({modes})")
+            wanted = [m for m in modes if not cfg.eval_modes or m in cfg.eval_modes]
+            skipped = {"moe": notes["moe"]} if s.get("gates_untrained") and "moe" in wanted else {}
+            wanted = [m for m in wanted if m not in skipped]  # moe = base: not measured twice
             served = self._llama_cpp_rows(s)
-            policies = {m: served.get(m) or comp.policy(m) for m in comp.modes if not cfg.eval_modes or m in cfg.eval_modes}
-            skipped = {"moe": notes["moe"]} if s.get("gates_untrained") and "moe" in policies else {}
-            policies = {m: p for m, p in policies.items() if m not in skipped}  # moe = base: not measured twice
+            # the in-process model is loaded only for rows llama.cpp cannot serve (router, moe)
+            comp = self._composition() if any(m not in served for m in wanted) else None
+            policies = {m: served.get(m) or comp.policy(m) for m in wanted}
         else:  # nothing was trained: the base alone, and the rows that could not exist say why
             policies, skipped = {"base": self.comps.agent}, {m: notes[m] for m in ("router", "moe")}
         target = s.get("target_adapter")

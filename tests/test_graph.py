@@ -437,3 +437,35 @@ def test_a_component_made_on_first_use_is_made_once_and_only_when_used():
     for t in threads:
         t.join()
     assert lazy.name == "analyst" and made == [1]
+
+
+def test_rows_llama_cpp_serves_do_not_load_the_in_process_composition(tmp_path, monkeypatch):
+    """Evaluating only the base and adapter rows under llama.cpp never loads the composed model (fp32 on a
+    CPU); asking for the router too does."""
+    import json
+    from dataclasses import replace
+
+    import trace_rl.evals.evaluate as ev
+    from graph_doubles import components
+    from trace_rl.core.records import AdapterRecord, TrainedOn
+    from trace_rl.graph.pipeline import Pipeline
+
+    (tmp_path / "composition").mkdir()
+    (tmp_path / "composition" / "manifest.json").write_text(json.dumps({"adapters": ["lookup"]}))
+    adapters = {"lookup": AdapterRecord(trained_on=TrainedOn(name="lookup"), adapter="/ad/lookup")}
+    state = {"composition": str(tmp_path / "composition"), "adapters": adapters}
+    seen = []
+    monkeypatch.setattr(ev, "evaluate", lambda bench, policies, *a, **kw: seen.append(dict(policies)) or {})
+    loads = []
+
+    class Comp:
+        def policy(self, mode):
+            return f"in-process {mode}"
+
+    for modes in (["base", "lookup"], ["base", "router"]):
+        pipe = Pipeline(tmp_path, config(eval_modes=modes))
+        pipe.__dict__["comps"] = replace(components(pipe.cfg), lora_agent=lambda adapter: f"llama.cpp+{adapter}")
+        pipe._composition = lambda: loads.append(1) or Comp()
+        pipe.evaluate(state)
+    assert seen[0] == {"base": "llama.cpp+None", "lookup": "llama.cpp+/ad/lookup"}
+    assert seen[1] == {"base": "llama.cpp+None", "router": "in-process router"} and loads == [1]

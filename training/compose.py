@@ -96,7 +96,7 @@ class Composition:
 
     @property
     def modes(self) -> list[str]:
-        return ["base", *[c["name"] for c in self.caps], "router", "moe"]
+        return _modes(self.caps)
 
     def policy(self, mode: str) -> HFPolicy:
         if mode not in self.modes:
@@ -142,11 +142,23 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     return moe
 
 
+def _modes(caps: list[dict]) -> list[str]:
+    return ["base", *[c["name"] for c in caps], "router", "moe"]
+
+
+def _capabilities(path: str | Path) -> list[dict]:
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    return manifest.get("capabilities") or [{"name": n, "description": n} for n in manifest["adapters"]]
+
+
 def load(model, tokenizer, path: str | Path, **kw) -> Composition:
     """A saved composition (see `compose`) on an already loaded base model."""
-    manifest = json.loads((Path(path) / "manifest.json").read_text())
-    return Composition(LoRAMoE.load(model, path), tokenizer, manifest.get("capabilities") or
-                       [{"name": n, "description": n} for n in manifest["adapters"]], **kw)
+    return Composition(LoRAMoE.load(model, path), tokenizer, _capabilities(path), **kw)
+
+
+def saved_modes(path: str | Path) -> list[str]:
+    """The modes of a saved composition, read from its manifest without loading a model."""
+    return _modes(_capabilities(path))
 
 
 def gates_untrained(composition_dir: str | Path) -> bool:
