@@ -223,18 +223,20 @@ def quote_inner_quotes(text: str) -> str:
 
 def extract_json(text: str) -> Any:
     """The first JSON value in a reply (fenced or bare), strict first, then with inner quotes
-    escaped (endpoints without a grammar); raises ValueError if none."""
+    escaped (endpoints without a grammar) and other raw control characters in strings allowed (xgrammar's
+    JSON grammar lets a tab through); raises ValueError if none."""
     for fix in (str, quote_inner_quotes):
+        lenient = fix is not str
         for chunk in _FENCE.findall(text) + [text]:
             chunk = fix(chunk.strip())
             try:
-                return json.loads(chunk)
+                return json.loads(chunk, strict=not lenient)
             except ValueError:
                 pass
             for start in (chunk.find("{"), chunk.find("[")):
                 if start != -1:
                     try:
-                        return json.JSONDecoder().raw_decode(chunk, start)[0]
+                        return json.JSONDecoder(strict=not lenient).raw_decode(chunk, start)[0]
                     except ValueError:
                         pass
     raise ValueError("no JSON value found in the reply")

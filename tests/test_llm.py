@@ -35,6 +35,7 @@ def test_tool_arguments_are_a_json_object_or_none(raw, expected):
 
 def test_extract_json_fenced_and_bare():
     assert extract_json('x ```json\n{"a": 1}\n``` y') == {"a": 1}
+    assert extract_json('{"q": "a\tb\x01c"}') == {"q": "a\tb\x01c"}  # raw control characters a grammar let through
     assert extract_json('answer: [1, 2] done') == [1, 2]
     with pytest.raises(ValueError):
         extract_json("no json here")
@@ -99,20 +100,22 @@ def test_structured_asks_for_schema_constrained_decoding_in_the_endpoints_dialec
                 raise endpoint_error(*self.reject)
             return super()._complete(messages, tools, **kw)
 
-    local = Capture(['{"capabilities": []}'])
+    one = ('{"capabilities": [{"name": "tool_precision", "description": "Calls tools with the right arguments. '
+           'It checks ids.", "example_task_ids": ["t1"]}]}')
+    local = Capture([one])
     local.structured([{"role": "user", "content": "x"}], Candidates)
     fmt = local.kws[0]["response_format"]
     assert fmt["type"] == "json_object"  # llama-cpp-python's server: a grammar from the schema
     assert fmt["schema"]["$defs"]["Capability"]["properties"]["name"]["pattern"].startswith("^[a-z]")
-    remote = Capture(['{"capabilities": []}'])
+    remote = Capture([one])
     remote.config.base_url = "http://127.0.0.1:1/v1"
     remote.structured([{"role": "user", "content": "x"}], Candidates)
     assert remote.kws[0]["response_format"]["type"] == "json_schema"  # vLLM / OpenAI
     for reject in [(400, "unsupported response_format"), (422, "body.response_format: field required")]:
-        refusing = Capture(['{"capabilities": []}'], reject=reject)
-        assert refusing.structured([{"role": "user", "content": "x"}], Candidates).capabilities == []
+        refusing = Capture([one], reject=reject)
+        assert refusing.structured([{"role": "user", "content": "x"}], Candidates).capabilities[0].name == "tool_precision"
         assert "response_format" not in refusing.kws[-1]  # fell back to plain prompting
-    broken = Capture(['{"capabilities": []}'], reject=(500, "the server crashed"))
+    broken = Capture([one], reject=(500, "the server crashed"))
     with pytest.raises(openai.InternalServerError):  # not a refusal of the format: raised, not retried
         broken.structured([{"role": "user", "content": "x"}], Candidates)
 
