@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -226,6 +227,7 @@ class PromptStates:
             f.with_name(f.stem + ".tokens.json").unlink(missing_ok=True)
             f.unlink(missing_ok=True)
         print(f"trace-rl prompt state: saved {len(tokens)} tokens", file=sys.stderr, flush=True)
+        prune_prompt_states(self.dir.parent, self.dir)
 
     def install(self, llama_class) -> None:
         """Wrap `Llama.generate`: restore before the prompt is read, save once a long new prompt has been read."""
@@ -248,6 +250,35 @@ class PromptStates:
                 yield token
 
         llama_class.generate = generate
+
+
+def prune_prompt_states(root: Path, current: Path, budget_gb: float | None = None) -> list[Path]:
+    """Keep the prompt-state cache within `budget_gb` (default $TRACE_RL_PROMPT_STATES_GB, else 4): whole
+    folders of other models, adapters and context sizes go, least recently used first (`keep` bounds each
+    folder, not how many folders pile up: every evaluated adapter makes one). `current` is never removed;
+    a folder vanishing under a reader is a state it computes again. Returns the folders removed."""
+    budget = float(os.environ.get("TRACE_RL_PROMPT_STATES_GB", 4) if budget_gb is None else budget_gb) * 2**30
+
+    def usage(d: Path) -> tuple[float, int]:  # (last use, bytes); a file another server prunes meanwhile is skipped
+        last, size = 0.0, 0
+        for f in d.iterdir():
+            with contextlib.suppress(OSError):
+                st = f.stat()
+                last, size = max(last, st.st_mtime), size + st.st_size
+        return last, size
+
+    try:
+        folders = {d: usage(d) for d in Path(root).iterdir() if d.is_dir()}
+    except OSError:
+        return []
+    total, removed = sum(size for _, size in folders.values()), []
+    for d in sorted((d for d in folders if d != current), key=lambda d: folders[d][0]):
+        if total <= budget:
+            break
+        shutil.rmtree(d, ignore_errors=True)
+        total -= folders[d][1]
+        removed.append(d)
+    return removed
 
 
 def exit_with_parent(parent: int) -> None:

@@ -47,3 +47,27 @@ def test_servers_keep_prompt_states_in_the_cache_unless_told_not_to(tmp_path, mo
     monkeypatch.undo()
     assert f"--prompt-states={tmp_path}" in LlamaServer("smollm2-135m", prompt_states=tmp_path).command()
     assert not any(a.startswith("--prompt-state") for a in LlamaServer("smollm2-135m", prompt_states=None).command())
+
+
+def test_the_prompt_state_cache_drops_least_recently_used_folders_over_its_budget(tmp_path):
+    """Every evaluated adapter makes a folder of states; past the budget the oldest folders go, never the one
+    in use, and nothing goes while the cache fits."""
+    import os
+
+    from trace_rl.core.server import prune_prompt_states
+
+    folders = {}
+    for age, name in enumerate(["adapter-c", "adapter-b", "adapter-a", "current"]):  # c oldest
+        d = tmp_path / name
+        d.mkdir()
+        (d / "x.state").write_bytes(b"\0" * 400_000)
+        os.utime(d / "x.state", (1_000_000 + age, 1_000_000 + age))
+        folders[name] = d
+    os.utime(folders["current"] / "x.state", (1, 1))  # in use, though its file is the oldest
+    gb = 1 / 2**30
+    assert prune_prompt_states(tmp_path, folders["current"], budget_gb=2_000_000 * gb) == []  # 1.6 MB fits
+    assert prune_prompt_states(tmp_path, folders["current"], budget_gb=900_000 * gb) == [
+        folders["adapter-c"], folders["adapter-b"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-a", "current"]
+    assert prune_prompt_states(tmp_path, folders["current"], budget_gb=0) == [folders["adapter-a"]]
+    assert [p.name for p in tmp_path.iterdir()] == ["current"]
