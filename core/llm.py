@@ -271,6 +271,17 @@ def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora
         return srv.base_url, srv.model_name
 
 
+def stop_lora_endpoints() -> int:
+    """Stop the local servers that apply a LoRA (an evaluation's adapter rows, one server each): otherwise each
+    holds its model and context until the process ends, and the autonomous loop makes new ones every iteration.
+    A later request for one starts it again. Returns how many were stopped."""
+    with _servers_lock:
+        keys = [k for k in _servers if k[3]]
+        for k in keys:
+            _servers.pop(k).stop()
+    return len(keys)
+
+
 class LLM:
     """Chat completions with retries, timeouts, usage/cost accounting and tool-call parsing."""
 

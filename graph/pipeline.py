@@ -353,12 +353,17 @@ class Pipeline:
                 else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows)
         elif target is not None:
             skipped["grpo_target"] = "grpo_target = base: no GRPO step on the target had a reward signal"
-        results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
-                           self.it(s) / "eval", split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
-                           skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
-                           concurrency=cfg.agent.concurrency, capabilities=[
-                               c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
-                               if c.status == "APPROVED"])
+        try:
+            results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
+                               self.it(s) / "eval", split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
+                               skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
+                               concurrency=cfg.agent.concurrency, capabilities=[
+                                   c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
+                                   if c.status == "APPROVED"])
+        finally:
+            from trace_rl.core.llm import stop_lora_endpoints
+
+            stop_lora_endpoints()  # the adapter rows' llama.cpp servers: done with
         return {"results": results}
 
     def report(self, s: State) -> None:

@@ -131,3 +131,18 @@ def test_extract_json_escapes_a_small_models_inner_quotes_and_newlines():
     assert extract_json('{"a": "b\\"c"}') == {"a": 'b"c'}  # valid JSON is read strictly, escapes kept
     with pytest.raises(ValueError):
         extract_json("no json here")
+
+
+def test_servers_that_apply_a_lora_are_stopped_and_the_others_kept(monkeypatch):
+    import trace_rl.core.llm as llm_mod
+
+    class Srv:
+        stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+    base, adapter = Srv(), Srv()
+    monkeypatch.setattr(llm_mod, "_servers", {("m", 2048, "agent", None): base, ("m", 2048, "agent", "/ad/a"): adapter})
+    assert llm_mod.stop_lora_endpoints() == 1
+    assert adapter.stopped and not base.stopped and list(llm_mod._servers) == [("m", 2048, "agent", None)]
