@@ -192,29 +192,64 @@ def test_a_cache_that_cannot_grow_leaves_the_engine_as_it_was(model, tok, monkey
 
 def test_a_grammar_holds_each_row_to_its_schema_and_leaves_free_rows_greedy(model, tok):
     """Random weights at T = 2 write anything; under the grammar every constrained reply is the
-    schema's JSON, ended by the stop token. A free row in the same batch is still the model's argmax."""
+    schema's JSON, fields in the schema's order, ended by the stop token. Free rows in the same batch
+    are still the model's argmax. Rows are permuted first (engine row != request index) and there are
+    more requests than rows (the batch is split)."""
     import json
 
     from trace_rl.training.grammar import Grammars
 
-    schema = {"type": "object", "additionalProperties": False, "required": ["city", "n"],
-              "properties": {"city": {"enum": ["Paris", "Lima", "Oslo"]}, "n": {"type": "integer", "minimum": 0,
-                                                                              "maximum": 9}}}
+    schema = {"type": "object", "additionalProperties": False, "required": ["zeta", "city", "n"],
+              "properties": {"zeta": {"type": "boolean"}, "city": {"enum": ["Paris", "Lima", "Oslo"]},
+                             "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
     eng = Engine(model, tok, rows=4, max_len=512)
+    first = prompt(tok, "warm up")
+    eng.generate([Request(first, 4)])
+    eng.generate([Request(first + eng.state[0].tokens[len(first):] + prompt(tok, "again")[1:], 2)])  # row 0 newest
+    assigned, real_assign = [], eng._assign
+    eng._assign = lambda reqs: (lambda out: assigned.append(out[0]) or out)(real_assign(reqs))
     grammars = Grammars(tok, eng.vocab_size, sorted(eng.stop_set))
-    free_ids = prompt(tok, "the answer is a b c")
+    free_ids = [prompt(tok, "the answer is a b c"), prompt(tok, "Oslo 1 2")]
     torch.manual_seed(1)
-    reqs = [Request(prompt(tok, "Paris"), 48, 2.0, grammar=grammars.matcher(schema)),
-            Request(free_ids, 12),
-            Request(prompt(tok, "x"), 48, 2.0, grammar=grammars.matcher(schema))]
+    reqs = [Request(free_ids[0], 12), Request(prompt(tok, "Paris"), 64, 2.0, grammar=grammars.matcher(schema)),
+            Request(prompt(tok, "x"), 64, 2.0, grammar=grammars.matcher(schema)), Request(free_ids[1], 12),
+            Request(prompt(tok, "Lima"), 64, 2.0, grammar=grammars.matcher(schema))]
     outs = eng.generate(reqs)
-    for o in (outs[0], outs[2]):
+    assert len(assigned) == 2 and assigned[0] != list(range(4))  # split in two; rows permuted
+    for o in (outs[1], outs[2], outs[4]):
         assert o[-1] in eng.stop_set, f"reply not finished: {tok.decode(o)!r}"
         reply = json.loads(tok.decode(o[:-1]))
-        assert set(reply) == {"city", "n"} and reply["city"] in {"Paris", "Lima", "Oslo"} and 0 <= reply["n"] <= 9
-    assert_greedy(model, free_ids, outs[1])
+        assert list(reply) == ["zeta", "city", "n"] and reply["city"] in {"Paris", "Lima", "Oslo"}
+        assert isinstance(reply["zeta"], bool) and 0 <= reply["n"] <= 9
+    assert_greedy(model, free_ids[0], outs[0])
+    assert_greedy(model, free_ids[1], outs[3])
     # the same prompt without the grammar is not JSON: the mask did the work
     torch.manual_seed(1)
     loose = eng.generate([Request(prompt(tok, "Paris"), 48, 2.0)])[0]
     with pytest.raises(ValueError):
         json.loads(tok.decode(loose).replace("<|im_end|>", ""))
+
+
+def test_a_token_the_matcher_refuses_ends_the_row_before_it_is_fed(model, tok):
+    """Should the mask and the matcher ever disagree, the refused token is not in the reply, and the row's
+    record holds exactly what was fed: a continuation of it is still the model's argmax."""
+    from trace_rl.training.grammar import Grammars
+
+    eng = Engine(model, tok, rows=2, max_len=512)
+    real = Grammars(tok, eng.vocab_size, sorted(eng.stop_set)).matcher({"type": "object"})
+
+    class RefusesThird:
+        seen = 0
+
+        def fill_next_token_bitmask(self, mask, row):
+            real.fill_next_token_bitmask(mask, row)
+
+        def accept_token(self, t):
+            self.seen += 1
+            return self.seen < 3 and real.accept_token(t)
+
+    ids = prompt(tok, "Paris")
+    out = eng.generate([Request(ids, 32, 1.0, grammar=RefusesThird())])[0]
+    assert len(out) == 2 and eng.state[0].tokens == ids + out and int(eng.n_real[0]) == len(ids) + 2
+    follow = ids + out + encode(tok, "<|im_end|>\n<|im_start|>user\nOslo<|im_end|>\n<|im_start|>assistant\n")
+    assert_greedy(model, follow, eng.generate([Request(follow, 6)])[0])

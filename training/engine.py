@@ -459,50 +459,57 @@ class Engine:
         self.temp.zero_()
         self.temp[sel] = torch.tensor([float(r.temperature) for r in reqs], device=self.device)
         grammars = {i: r.grammar for i, r in enumerate(reqs) if r.grammar is not None}
-        masked = bool(grammars)
-        host = torch.full(self.allow.shape, -1, dtype=torch.int32) if masked else None
-        if masked:
-            for i, m in grammars.items():
-                m.fill_next_token_bitmask(host, rows[i])
+        host = torch.full(self.allow.shape, -1, dtype=torch.int32) if grammars else None
+        for i, m in grammars.items():
+            m.fill_next_token_bitmask(host, rows[i])
+        if grammars:
             self.allow.copy_(host)
-        tok = self._sample(logits, self.temp[sel], self.allow[sel] if masked else None)
+        tok = self._sample(logits, self.temp[sel], self.allow[sel] if grammars else None)
         self.live.zero_()
         self.left.zero_()
         self.left[sel] = torch.tensor([r.max_new - 1 for r in reqs], device=self.device)
         self.tok[sel] = tok
         self.live[sel] = ~torch.isin(tok, self.stops) & (self.left[sel] > 0)
-        produced = [tok]
+        produced, cut = [tok], {}  # cut: request -> reply length, where its matcher refused a token
         for i in range(max(r.max_new for r in reqs) - 1):
-            if masked:
-                self._advance(grammars, rows, produced[-1].tolist(), host)
-            if (masked or i % self.check_every == 0) and not bool(self.live.any()):
+            if grammars:  # once every constrained row is done, the rest decode free (no host round trip)
+                self._advance(grammars, reqs, rows, produced, host, cut)
+            if (grammars or i % self.check_every == 0) and not bool(self.live.any()):
                 break
-            self._run_step(masked)
+            self._run_step(bool(grammars))
             produced.append(self.out[sel, 0].clone())
             self.stats["decode_steps"] += 1
         table = torch.stack(produced, 1).tolist()
         stops = set(self.stops.tolist())
         results = []
-        for r, j, row in zip(reqs, rows, table):
+        for k, (r, j, row) in enumerate(zip(reqs, rows, table)):
             toks = row[:r.max_new]
-            toks = toks[:next((k + 1 for k, t in enumerate(toks) if t in stops), len(toks))]
-            self.state[j].tokens = list(r.ids) + toks[:-1]  # the last sampled token was never fed
+            if k in cut:  # the refused token was never fed; every one before it was
+                toks = toks[:cut[k]]
+                self.state[j].tokens = list(r.ids) + toks
+            else:
+                toks = toks[:next((n + 1 for n, t in enumerate(toks) if t in stops), len(toks))]
+                self.state[j].tokens = list(r.ids) + toks[:-1]  # the last sampled token was never fed
             results.append(toks)
         return results
 
-
-    def _advance(self, grammars: dict, rows: list[int], toks: list[int], host: torch.Tensor) -> None:
-        """Feed each constrained request's last token to its matcher and refill its row of the mask.
-        A token the matcher refuses (only possible past the schema's end) ends that row."""
-        stops = self.stop_set
+    def _advance(self, grammars: dict, reqs: list[Request], rows: list[int], produced: list[torch.Tensor],
+                 host: torch.Tensor, cut: dict) -> None:
+        """Feed each constrained request's newest token to its matcher and refill its row of the mask.
+        A row that stopped (a stop token, its `max_new` spent) leaves `grammars`. A token the matcher
+        refuses (the mask and the matcher disagree: an xgrammar bug) ends the row before it is fed."""
+        n, toks = len(produced), produced[-1].tolist()
         for i, m in list(grammars.items()):
-            if toks[i] in stops or m.is_terminated() or not m.accept_token(toks[i]):
-                del grammars[i]  # finished (a stop token, or the schema is complete), or refused
-                if toks[i] not in stops:
-                    self.live[rows[i]] = False
-                continue
-            m.fill_next_token_bitmask(host, rows[i])
-        self.allow.copy_(host)
+            if toks[i] in self.stop_set or n >= reqs[i].max_new:
+                del grammars[i]
+            elif not m.accept_token(toks[i]):
+                del grammars[i]
+                cut[i] = n - 1
+                self.live[rows[i]] = False
+            else:
+                m.fill_next_token_bitmask(host, rows[i])
+        if grammars:
+            self.allow.copy_(host)
 
 
 class Batcher:

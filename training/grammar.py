@@ -43,7 +43,7 @@ class Grammars:
     def matcher(self, schema: dict):
         """A matcher for one reply in `schema`. Raises ValueError for a schema xgrammar cannot compile."""
         try:
-            compiled = self._compile(json.dumps(schema, sort_keys=True))
+            compiled = self._compile(json.dumps(schema))  # key order kept: the reply's fields come in it
         except Exception as err:  # xgrammar raises RuntimeError/ValueError from C++ for bad schemas
             raise ValueError(f"response_format: the JSON schema cannot be compiled to a grammar: {err}") from err
         return self._xgr.GrammarMatcher(compiled)

@@ -70,7 +70,13 @@ def make_handler(policy, name: str):
     tok = policy.tokenizer
     engine = policy.batcher.engine
     stops = engine.stop_set
-    grammars = grammar.Grammars(tok, engine.vocab_size, sorted(stops)) if grammar.available() else None
+    grammars = None
+    if grammar.available():
+        try:
+            grammars = grammar.Grammars(tok, engine.vocab_size, sorted(stops))
+        except Exception as err:  # a tokenizer xgrammar cannot read: structured replies fall back to the prefix
+            print(f"serve: no grammar for this tokenizer ({type(err).__name__}: {err}); response_format is "
+                  "not enforced", file=sys.stderr, flush=True)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
