@@ -183,6 +183,8 @@ def test_discovery_rejects_duplicates():
     ok = _check_candidates(Candidates(capabilities=[cap("state_tracking"), cap("tool_precision")]), AnalysisConfig(),
                            {"b/task1/0"})
     assert [c.name for c in ok] == ["state_tracking", "tool_precision"]
+    with pytest.raises(ValueError, match="at least 1"):  # parses as JSON, names nothing: retried, not accepted
+        Candidates.model_validate({"capabilities": []})
 
 
 def test_example_ids_are_resolved_when_the_model_copies_the_header():
