@@ -480,7 +480,7 @@ class Engine:
             produced.append(self.out[sel, 0].clone())
             self.stats["decode_steps"] += 1
         table = torch.stack(produced, 1).tolist()
-        stops = set(self.stops.tolist())
+        stops = self.stop_set
         results = []
         for k, (r, j, row) in enumerate(zip(reqs, rows, table)):
             toks = row[:r.max_new]

@@ -25,8 +25,7 @@ def available() -> bool:
 class Grammars:
     """Compiles JSON schemas for one tokenizer (each schema once) and hands out a fresh matcher per request.
 
-    A matcher duck-types what the engine calls: `fill_next_token_bitmask(mask, row)`, `accept_token(t)`,
-    `is_terminated()`."""
+    A matcher duck-types what the engine calls: `fill_next_token_bitmask(mask, row)`, `accept_token(t)`."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
         import xgrammar as xgr

@@ -52,9 +52,10 @@ def schema_prefix(response_format: dict | None) -> str:
     the asked shape (the 0.5B otherwise answers an analyst prompt with a tool call of its own). Not a
     guarantee: the client still validates and retries. Both forms: OpenAI's json_schema, and
     llama.cpp's json_object + schema."""
-    rf = response_format or {}
-    schema = rf.get("schema") or (rf.get("json_schema") or {}).get("schema") or {}
-    props = list(schema.get("properties") or {}) if isinstance(schema, dict) else []
+    from trace_rl.training.grammar import request_schema
+
+    schema = request_schema(response_format) or {}
+    props = list(schema.get("properties") or {})
     if not props:
         return ""
     required = schema.get("required") or []
