@@ -41,7 +41,7 @@ case "${1:-}" in
     source scripts/device_env.sh /nonexistent
     # every field the later stages read is set now, so the CPU and GPU halves share one config
     timeout "${2:-420}" python3 -m trace_rl.graph.cli run --run-dir "$RUN" --preset gpu -c "$CONFIG" \
-      --no-wait --no-web 2>&1 | tee "$OUT/analyse.log"
+      --no-wait --no-web ${SETS:-} 2>&1 | tee "$OUT/analyse.log"
     pack ;;
   phase-a)
     source scripts/device_env.sh /nonexistent
