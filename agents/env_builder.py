@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 
 from trace_rl import prompts
-from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox
+from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox, suggest_behaviour
 from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.llm import ReplyError, StructuredOutputError
@@ -206,40 +206,6 @@ def spec_format() -> str:
     """The format's documentation: the runtime's own docstring (one source for both)."""
     doc = ast.get_docstring(ast.parse((resources.files("trace_rl.sandbox") / "image" / "spec_env.py").read_text()))
     return doc[doc.index("Spec keys"):]
-
-
-READ_VERBS = ("get", "find", "check", "search", "list", "calculate", "lookup", "show")
-
-
-def suggest_behaviour(fn: dict) -> tuple[dict, str | None, str | None]:
-    """(behaviour, entity, key field) code guesses for a target tool from its name and schema,
-    so a small builder copies a working line instead of inventing one: `get_order_details(order_id)`
-    reads entity `order` by `order_id`; `cancel_reservation(reservation_id)` updates `reservation`;
-    `find_user_id_by_email(email)` reads `user` by its `email` field; no arguments: a constant."""
-    name = fn["name"]
-    params = fn.get("parameters") or {}
-    args = list(params.get("required") or params.get("properties") or [])
-    words = name.split("_")
-    ids = [a for a in args if a == "id" or a.endswith("_id")]
-    if not args or words[0] == "calculate" or (not ids and words[0] not in READ_VERBS):
-        return {"kind": "const", "result": "..."}, None, None
-    named = [a for a in ids if a.removesuffix("_id") in words[1:]]
-    if ids:
-        arg = (named or ids)[0]
-        entity = arg.removesuffix("_id") if arg != "id" else "record"
-        field = None
-    else:  # looked up by another field: search_direct_flight -> flight, find_user_id_by_email -> user
-        arg, field = args[0], args[0]
-        entity = words[-1].removesuffix("s") if words[0] in ("list", "search") else words[1] if len(words) > 1 \
-            else "record"
-    if words[0] in ("list", "search"):
-        behaviour = {"kind": "list", "entity": entity, "where": {a: f"{{args.{a}}}" for a in args}}
-    elif words[0] in READ_VERBS:
-        behaviour = {"kind": "read", "entity": entity, "arg": arg, **({"field": field} if field else {})}
-    else:  # what it changes is the builder's to say; a cancel sets a status code can name
-        behaviour = {"kind": "update", "entity": entity, "arg": arg,
-                     "set": {"status": "cancelled"} if words[0] == "cancel" else {}}
-    return behaviour, entity, field or arg
 
 
 def tool_suggestions(tools: list[dict]) -> tuple[str, str]:
