@@ -288,10 +288,11 @@ def pattern_messages(capability: dict, target: Target, feedback: str | None, pre
 
 
 def write_pattern(llm, capability: dict, target: Target, feedback=None, previous=None,
-                  attempts: int = 2) -> tuple[dict, dict]:
+                  attempts: int = 3) -> tuple[dict, dict]:
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
     under env_patterns.choice_schema (tool names are enums of the target's); a choice that does not
-    fit the tools (env_patterns.PatternError) goes back to the model like a validation error."""
+    fit the tools (env_patterns.PatternError) goes back to the model like a validation error (a
+    choice is a few dozen tokens, so one more try than spec mode costs little)."""
     def expanded(choice) -> tuple[dict, dict]:
         return choice.model_dump(), env_patterns.expand(choice.root, target.tools)
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's

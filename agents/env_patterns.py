@@ -218,11 +218,11 @@ class _Draft:
     """A spec being written for one target: one entity (the records), the picked record, the
     values the user states (one task value per argument name, said once)."""
 
-    def __init__(self, fns: dict, entity: str, key: str, fields: dict | None = None):
-        self.fns, self.entity, self.key = fns, entity, key
+    def __init__(self, fns: dict, entity: str, key: str, fields: dict | None = None, say_key: bool = True):
+        self.fns, self.entity = fns, entity
         self.fields = {key: {"type": "id", "pattern": _id_pattern(key)}, **(fields or {})}
         self.task: dict[str, Any] = {"record": {"type": "pick", "entity": entity}}
-        self.said = [f"My {_words(key)} is {{task.record.{key}}}."]
+        self.said = [f"My {_words(key)} is {{task.record.{key}}}."] if say_key else []
 
     def args(self, where: str, tool: str, bound: dict, extra: int = 0) -> dict:
         """Arguments for a call of `tool`: `bound` ones (that the tool takes), then each required one
@@ -244,9 +244,9 @@ class _Draft:
 
     def spec(self, name: str, tools: dict, request: str, system: str, reference: list, reward: list,
              said_first: str = "") -> dict:
-        if not _text(request):
-            raise PatternError("request", "write what the user asks for in a few words, e.g. 'suspend my line'")
         request = _text(request)
+        if not request:
+            raise PatternError("request", "write what the user asks for in a few words, e.g. 'suspend my line'")
         message = " ".join([request[:1].upper() + request[1:] + ".", *([said_first] if said_first else []), *self.said])
         return {"name": name, "entities": {self.entity: {"count": [3, 6], "fields": self.fields}},
                 "task": self.task, "tools": tools, "system_prompt": system, "user_message": message,
@@ -339,19 +339,17 @@ def _guarded_action(c, fns: dict) -> dict:
                        "else": {"op": "not_called", "tool": c.write_tool, "args": {}}}]})])
 
 
-def _draft_for(fns: dict, tool: str, where: str) -> tuple[_Draft, dict, dict]:
+def _draft_for(fns: dict, tool: str) -> tuple[_Draft, dict, dict]:
     """(draft, bound key argument, behaviour) for a write tool alone: the record its id argument names,
     or, for a tool with no id argument, a placeholder record (EnvSpec needs one) it never reads."""
     behaviour, entity, key = suggest_behaviour(fns[tool])
     if behaviour["kind"] == "update":
         return _Draft(fns, entity, key), {key: f"{{task.record.{key}}}"}, _acting_on(entity, key)
-    d = _Draft(fns, "ticket", "ticket_id")
-    d.said = []
-    return d, {}, {"kind": "const", "result": "Done."}
+    return _Draft(fns, "ticket", "ticket_id", say_key=False), {}, {"kind": "const", "result": "Done."}
 
 
 def _exact_arguments(c, fns: dict) -> dict:
-    d, bound, behaviour = _draft_for(fns, c.write_tool, "write_tool")
+    d, bound, behaviour = _draft_for(fns, c.write_tool)
     args = d.args("write_tool", c.write_tool, bound, extra=1)
     if len(args) < 2:
         fit = [n for n in _writes(fns) if len(_params(fns[n])[0]) >= 2]
@@ -368,7 +366,7 @@ def _multi_write(c, fns: dict) -> dict:
     tools = list(c.write_tools)
     if len(set(tools)) < len(tools):
         raise PatternError("write_tools", f"{tools} names a tool twice: name two or three different tools")
-    d, bound, behaviour = _draft_for(fns, tools[0], "write_tools")
+    d, bound, behaviour = _draft_for(fns, tools[0])
     key = next(iter(bound), None)
     lacking = [t for t in tools[1:] if key is None or key not in _params(fns[t])[0]]
     if lacking:
@@ -391,7 +389,7 @@ def _compute_then_act(c, fns: dict) -> dict:
         numbers = [a for a in _params(fns[c.write_tool])[0] if _numeric(fns[c.write_tool], a)]
         raise PatternError("amount_argument", f"{c.write_tool} takes no number argument {arg!r} (its number "
                                               f"arguments: {', '.join(numbers) or 'none: choose another write_tool'})")
-    d, bound, behaviour = _draft_for(fns, c.write_tool, "write_tool")
+    d, bound, behaviour = _draft_for(fns, c.write_tool)
     d.task["amount"] = {"type": "choice", "values": [{"count": n, "each": e, "total": n * e}
                                                      for n in (2, 3, 4, 5) for e in (3, 4, 6, 12, 15, 25)]}
     args = d.args("write_tool", c.write_tool, {**bound, arg: "{task.amount.total}"})

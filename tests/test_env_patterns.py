@@ -3,7 +3,7 @@ EnvSpec validates and the sandbox runtime's own checks pass (run in-process); th
 every seed, doing nothing never does, and the step each pattern trains decides the reward.
 Malformed or hostile choices are ValueErrors that name the field, never crashes."""
 import json
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from pydantic import ValidationError
@@ -14,7 +14,7 @@ from trace_rl.agents import env_patterns
 from trace_rl.agents.env_patterns import PatternError, choice_schema, expand, parse_choice
 
 
-@lru_cache(maxsize=None)
+@cache
 def tau2_tools(domain: str) -> tuple:
     from trace_rl.evals.benchmark import load_benchmark
 
