@@ -20,11 +20,12 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 
 from trace_rl import prompts
-from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox
+from trace_rl.agents import env_patterns
+from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox, suggest_behaviour
 from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.llm import ReplyError, StructuredOutputError
-from trace_rl.core.records import EnvRecord, TrainedOn
+from trace_rl.core.records import PATTERN_NOTE, EnvRecord, TrainedOn
 
 
 class EnvDraft(BaseModel):
@@ -116,12 +117,13 @@ def write_env(llm, capability: dict, target: Target, examples: list[str], feedba
 
 
 # ---------------------------------------------------------------- spec mode (small local models)
-BUILDER_MODES = ("auto", "spec", "code")
+BUILDER_MODES = ("auto", "spec", "pattern", "code")
 
 
 def builder_mode(mode: str, llm) -> str:
     """auto: spec for a local (embedded) builder model, which cannot write a whole module;
-    code for a model at an endpoint (base_url), which is assumed strong."""
+    code for a model at an endpoint (base_url), which is assumed strong. pattern (see
+    write_pattern) only when asked for."""
     if mode not in BUILDER_MODES:
         raise ValueError(f"builder_mode {mode!r}: use one of {', '.join(BUILDER_MODES)}")
     if mode != "auto":
@@ -208,38 +210,10 @@ def spec_format() -> str:
     return doc[doc.index("Spec keys"):]
 
 
-READ_VERBS = ("get", "find", "check", "search", "list", "calculate", "lookup", "show")
-
-
-def suggest_behaviour(fn: dict) -> tuple[dict, str | None, str | None]:
-    """(behaviour, entity, key field) code guesses for a target tool from its name and schema,
-    so a small builder copies a working line instead of inventing one: `get_order_details(order_id)`
-    reads entity `order` by `order_id`; `cancel_reservation(reservation_id)` updates `reservation`;
-    `find_user_id_by_email(email)` reads `user` by its `email` field; no arguments: a constant."""
-    name = fn["name"]
-    params = fn.get("parameters") or {}
-    args = list(params.get("required") or params.get("properties") or [])
-    words = name.split("_")
-    ids = [a for a in args if a == "id" or a.endswith("_id")]
-    if not args or words[0] == "calculate" or (not ids and words[0] not in READ_VERBS):
-        return {"kind": "const", "result": "..."}, None, None
-    named = [a for a in ids if a.removesuffix("_id") in words[1:]]
-    if ids:
-        arg = (named or ids)[0]
-        entity = arg.removesuffix("_id") if arg != "id" else "record"
-        field = None
-    else:  # looked up by another field: search_direct_flight -> flight, find_user_id_by_email -> user
-        arg, field = args[0], args[0]
-        entity = words[-1].removesuffix("s") if words[0] in ("list", "search") else words[1] if len(words) > 1 \
-            else "record"
-    if words[0] in ("list", "search"):
-        behaviour = {"kind": "list", "entity": entity, "where": {a: f"{{args.{a}}}" for a in args}}
-    elif words[0] in READ_VERBS:
-        behaviour = {"kind": "read", "entity": entity, "arg": arg, **({"field": field} if field else {})}
-    else:  # what it changes is the builder's to say; a cancel sets a status code can name
-        behaviour = {"kind": "update", "entity": entity, "arg": arg,
-                     "set": {"status": "cancelled"} if words[0] == "cancel" else {}}
-    return behaviour, entity, field or arg
+def tool_line(fn: dict) -> str:
+    """A target tool in one line: name(arguments): the first line of its description."""
+    args = ", ".join((fn.get("parameters") or {}).get("properties") or {})
+    return f"- {fn['name']}({args}): {(fn.get('description') or '').strip().split(chr(10))[0][:90]}"
 
 
 def tool_suggestions(tools: list[dict]) -> tuple[str, str]:
@@ -250,9 +224,7 @@ def tool_suggestions(tools: list[dict]) -> tuple[str, str]:
     for t in tools:
         fn = t["function"]
         behaviour, entity, key = suggest_behaviour(fn)
-        args = ", ".join((fn.get("parameters") or {}).get("properties") or {})
-        desc = (fn.get("description") or "").strip().split(chr(10))[0][:90]
-        lines.append(f"- {fn['name']}({args}): {desc}\n    suggested: {json.dumps(behaviour)}")
+        lines.append(f"{tool_line(fn)}\n    suggested: {json.dumps(behaviour)}")
         if entity and key and "field" in behaviour:
             lookups.append((entity, key))
         elif entity and key:
@@ -303,18 +275,53 @@ def write_spec(llm, capability: dict, target: Target, examples: list[str], feedb
         **({"temperature": 0.7} if previous else {})))  # a later round must not repeat
 
 
+# ---------------------------------------------------------------- pattern mode (smaller still)
+def pattern_messages(capability: dict, target: Target, feedback: str | None, previous: str | None) -> list[dict]:
+    user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
+            f"# Target benchmark: {target.name}\n## Its tools (name(arguments): description)\n"
+            + "\n".join(tool_line(t["function"]) for t in target.tools))
+    if previous is not None:  # findings last, nearest the answer
+        user += (f"\n\n# Your previous choice\n{previous}\n# What the checks found (fix every one)\n{feedback}"
+                 "\nChoose again: another pattern or other tools. Do not send the previous choice unchanged.")
+    system = prompts.load("env_builder_pattern", patterns=env_patterns.pattern_menu(target.tools))
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def write_pattern(llm, capability: dict, target: Target, feedback=None, previous=None,
+                  attempts: int = 3) -> tuple[dict, dict]:
+    """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
+    under env_patterns.choice_schema (tool names are enums of the target's); a choice that does not
+    fit the tools (env_patterns.PatternError) goes back to the model like a validation error (a
+    choice is a few dozen tokens, so one more try than spec mode costs little)."""
+    def expanded(choice) -> tuple[dict, dict]:
+        return choice.model_dump(), env_patterns.expand(choice.root, target.tools)
+    model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
+    messages = pattern_messages(capability, target, feedback, previous)
+    return _ask_builder("pattern choice", lambda: llm.structured(
+        messages, model, attempts, check=expanded, **({"temperature": 0.7} if previous else {})))
+
+
+def attempt_origin(adir: Path) -> str:
+    """What wrote an attempt's env: "pattern:<name>" where code expanded a builder's pattern
+    choice (builder_choice.json), else "builder" (a module or spec the builder wrote itself)."""
+    choice = adir / "builder_choice.json"
+    return f"pattern:{json.loads(choice.read_text())['pattern']}" if choice.is_file() else "builder"
+
+
+
 def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
     return Path(out_dir) / f"attempt_{rnd:02d}"
 
 
 def build_attempt(builder, capability: dict, target: Target, examples: list[str], out_dir: str | Path, rnd: int,
                   feedback: str | None = None, previous: str | None = None, mode: str = "code") -> dict:
-    """Round `rnd` of the builder: attempt_XX/env.py (in spec mode also the spec.json it was
-    rendered from), or attempt_XX/builder_error.json when the builder gave nothing valid. A round
-    already on disk is returned as it is (resume)."""
+    """Round `rnd` of the builder: attempt_XX/env.py (in spec and pattern mode also the spec.json it
+    was rendered from; in pattern mode builder_choice.json, the model's choice), or
+    attempt_XX/builder_error.json when the builder gave nothing valid. A round already on disk is
+    returned as it is (resume)."""
     adir = attempt_dir(out_dir, rnd)
     if (adir / "env.py").is_file():
-        return {"round": rnd, "env": str(adir / "env.py")}
+        return {"round": rnd, "env": str(adir / "env.py"), "origin": attempt_origin(adir)}
     if (adir / "builder_error.json").is_file():
         return {"round": rnd, "error": json.loads((adir / "builder_error.json").read_text())["error"]}
     adir.mkdir(parents=True, exist_ok=True)
@@ -327,6 +334,11 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
             atomic_write_json(adir / "repairs.json", repairs)
             atomic_write_json(adir / "spec.json", spec)
             code = render_module(spec, target.tools, target.policy)  # schemas and policy: copied by code
+        elif mode == "pattern":
+            choice, spec = write_pattern(builder, capability, target, feedback, previous)
+            atomic_write_json(adir / "builder_choice.json", choice)  # what the model wrote
+            atomic_write_json(adir / "spec.json", spec)  # what code expanded it into
+            code = render_module(spec, target.tools, target.policy)
         else:
             code = write_env(builder, capability, target, list(examples), feedback, previous).code
     except ValueError as err:
@@ -335,7 +347,7 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
         atomic_write_json(adir / "builder_error.json", {"error": str(err)})
         return {"round": rnd, "error": str(err)}
     atomic_write_text(adir / "env.py", code)
-    return {"round": rnd, "env": str(adir / "env.py")}
+    return {"round": rnd, "env": str(adir / "env.py"), "origin": attempt_origin(adir)}
 
 
 def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyConfig = VerifyConfig(),
@@ -365,9 +377,11 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     out = {**report.to_dict(), "repairs": repairs, "feedback": report.feedback() + (
         "\nCode already fixed these in the spec above (keep them): " + "; ".join(repairs) if repairs else "")}
     tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
+    origin = attempt_origin(env.parent)
     atomic_write_json(env.parent / "manifest.json", {
         "capability": capability["name"], "description": capability.get("description", ""), "target": target.name,
-        "round": attempt["round"], "tools": tools, "passed": report.passed,
+        "round": attempt["round"], "origin": origin, **({"note": PATTERN_NOTE} if origin != "builder" else {}),
+        "tools": tools, "passed": report.passed,
         "sha256": hashlib.sha256(code.encode()).hexdigest(),
         "calibration": {k: v for k, v in (report.calibration or {}).items() if k != "groups"} or None})
     atomic_write_json(cached, out)
@@ -375,9 +389,9 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
 
 
 def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | None]:
-    """(what the builder wrote: module or spec text, verifier feedback) of round `rnd` - 1."""
+    """(what the builder wrote: module, spec or pattern choice text, verifier feedback) of round `rnd` - 1."""
     prev = attempt_dir(out_dir, rnd - 1)
-    source = prev / "spec.json" if (prev / "spec.json").is_file() else prev / "env.py"
+    source = next((p for p in (prev / "builder_choice.json", prev / "spec.json") if p.is_file()), prev / "env.py")
     code = source.read_text() if source.is_file() else None
     report = prev / "verifier_report.json"
     error = prev / "builder_error.json"
@@ -394,7 +408,8 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
     tests it in the sandbox. Returns the outcome once synthesis has ended (verified; or, after the
     last round, a verified library substitute or `needs_human`), None when another round is due.
     Everything is cached in the round's folder, so a killed round resumes where it stopped.
-    `mode`: "code" (the builder writes a Python module) or "spec" (a JSON spec; see write_spec)."""
+    `mode`: "code" (the builder writes a Python module), "spec" (a JSON spec; see write_spec) or
+    "pattern" (a pattern choice that code expands into a spec; see write_pattern)."""
     out = Path(out_dir)
     previous, feedback = previous_round(out, rnd)
     attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous, mode)
@@ -402,7 +417,7 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
     failed = [f["check"] for f in report.get("findings", []) if not f["passed"]] or ["builder"]
     log(f"{capability['name']} round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")
     if report["passed"]:
-        return EnvRecord(status="verified", env=attempt["env"], rounds=rnd)
+        return EnvRecord(status="verified", env=attempt["env"], rounds=rnd, source=attempt.get("origin", "builder"))
     if rnd < max_rounds:
         return None
     lib = library_match(capability, target.name) if library_fallback else None
@@ -422,7 +437,7 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
     why = ("library_fallback is off" if not library_fallback else "no library environment matches"
            if lib is None else f"the matching library environment {lib['name']} failed verification too")
     return EnvRecord(status="needs_human", env=attempt.get("env"), rounds=rnd, findings=report["feedback"],
-                     reason=f"{rnd} builder round(s) failed verification; {why}")
+                     source=attempt.get("origin", "builder"), reason=f"{rnd} builder round(s) failed verification; {why}")
 
 
 def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, max_rounds: int = 5,

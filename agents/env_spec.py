@@ -1,5 +1,6 @@
-"""Spec mode on the host: the schema a builder's JSON spec is decoded under, and the module text
-that carries a spec into the sandbox.
+"""Spec mode on the host: the schema a builder's JSON spec is decoded under, code's guess of each
+target tool's behaviour (`suggest_behaviour`: spec mode offers it, pattern mode builds on it), and
+the module text that carries a spec into the sandbox.
 
 The builder (a small model) writes a spec, never Python; `EnvSpec.model_json_schema()` is the
 `response_format` schema (llama.cpp turns it into a grammar). The spec runs only in the sandbox,
@@ -225,6 +226,41 @@ class EnvSpec(_Strict):
     def to_spec(self) -> dict:
         """The plain dict spec_env runs (defaults left out, `else` spelt as such)."""
         return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+# ---------------------------------------------------------------- code's guess of a tool's behaviour
+READ_VERBS = ("get", "find", "check", "search", "list", "calculate", "lookup", "show")
+
+
+def suggest_behaviour(fn: dict) -> tuple[dict, str | None, str | None]:
+    """(behaviour, entity, key field) code guesses for a target tool from its name and schema,
+    so a small builder copies a working line instead of inventing one: `get_order_details(order_id)`
+    reads entity `order` by `order_id`; `cancel_reservation(reservation_id)` updates `reservation`;
+    `find_user_id_by_email(email)` reads `user` by its `email` field; no arguments: a constant."""
+    name = fn["name"]
+    params = fn.get("parameters") or {}
+    args = list(params.get("required") or params.get("properties") or [])
+    words = name.split("_")
+    ids = [a for a in args if a == "id" or a.endswith("_id")]
+    if not args or words[0] == "calculate" or (not ids and words[0] not in READ_VERBS):
+        return {"kind": "const", "result": "..."}, None, None
+    named = [a for a in ids if a.removesuffix("_id") in words[1:]]
+    if ids:
+        arg = (named or ids)[0]
+        entity = arg.removesuffix("_id") if arg != "id" else "record"
+        field = None
+    else:  # looked up by another field: search_direct_flight -> flight, find_user_id_by_email -> user
+        arg, field = args[0], args[0]
+        entity = words[-1].removesuffix("s") if words[0] in ("list", "search") else words[1] if len(words) > 1 \
+            else "record"
+    if words[0] in ("list", "search"):
+        behaviour = {"kind": "list", "entity": entity, "where": {a: f"{{args.{a}}}" for a in args}}
+    elif words[0] in READ_VERBS:
+        behaviour = {"kind": "read", "entity": entity, "arg": arg, **({"field": field} if field else {})}
+    else:  # what it changes is the builder's to say; a cancel sets a status code can name
+        behaviour = {"kind": "update", "entity": entity, "arg": arg,
+                     "set": {"status": "cancelled"} if words[0] == "cancel" else {}}
+    return behaviour, entity, field or arg
 
 
 # ---------------------------------------------------------------- into the sandbox

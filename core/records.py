@@ -39,12 +39,15 @@ class TrainedOn(Record):
     description: str = ""
 
 
+PATTERN_NOTE = "pattern-built: code expanded the model's choice"  # said wherever a pattern env is reported
+
+
 class EnvRecord(Record):
     """The synthesis outcome for one capability."""
     status: EnvStatus
     env: str | None = None  # path of the environment module
     rounds: int = 0
-    source: str = "builder"  # "builder" or "library:<name>"
+    source: str = "builder"  # "builder", "library:<name>", or "pattern:<name>" (code expanded the builder's choice)
     approved: bool | None = None
     substitute: str | None = None  # set when a library environment stood in for the builder's
     trained_on: TrainedOn | None = None

@@ -73,10 +73,11 @@ class RunConfig(Strict):
                                                          "faster model can do it (on a 2-core CPU, ~3x faster)")
     builder: LLMConfig = LLMConfig(model="qwen2.5-coder-1.5b", max_tokens=4096)
     reviewer: LLMConfig | None = Field(None, description="verifier LLM; default: the builder's model")
-    builder_mode: Literal["auto", "spec", "code"] = Field("auto", description="spec: the builder writes a JSON spec "
-                                                          "(grammar-constrained) that a tested runtime turns into the "
-                                                          "env; code: a Python module; auto: spec for an embedded "
-                                                          "builder model, code for one at an endpoint")
+    builder_mode: Literal["auto", "spec", "pattern", "code"] = Field(
+        "auto", description="spec: the builder writes a JSON spec (grammar-constrained) that a tested runtime turns "
+                            "into the env; pattern: it only picks one of a few env shapes and binds it to the "
+                            "target's tools, code writes the spec (for the smallest models); code: a Python module; "
+                            "auto: spec for an embedded builder model, code for one at an endpoint")
     agent: AgentSettings = AgentSettings()
     analysis: AnalysisConfig = AnalysisConfig()
     verify: VerifyConfig = VerifyConfig()

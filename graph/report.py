@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from trace_rl.core.io import atomic_write_json, atomic_write_text
-from trace_rl.core.records import AdapterRecord, CapabilityRecord, EnvRecord
+from trace_rl.core.records import PATTERN_NOTE, AdapterRecord, CapabilityRecord, EnvRecord
 
 # graph nodes whose wall time a stage row sums
 STAGE_NODES = {"synthesise": ["synthesise", "approve_env"], "analyse": ["analyse", "select"]}
@@ -69,6 +69,7 @@ def stage_summary(s: dict) -> list[dict]:
         outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status
         rows.append({"stage": "synthesise", "outcome": outcome, "detail": f"{name}: " + (
             env.substitute or env.reason or f"{env.status} after {env.rounds} builder round(s)") + (
+            f"; {PATTERN_NOTE} ({env.source.split(':', 1)[1]})" if env.source.startswith("pattern:") else "") + (
             "; not calibrated (calibrate is off)" if env.env and not calibrated(env.env) else "")})
     a: AdapterRecord
     for a in (s.get("adapters") or {}).values():

@@ -1,0 +1,420 @@
+"""Pattern mode: the builder model picks an environment shape and binds it to the target's tools;
+code writes the whole spec.
+
+In real runs the 1.5B verified no environment in spec mode: a spec asks it for data, tools, task
+text, reference and reward at once. Here it makes only the decisions it can: which pattern (each
+trains a family of capabilities), which of the target's tools play which part, which argument
+matters, and a few words of what the user asks. Code derives the rest from the chosen tools' own
+JSON schemas (records, value pools, the task's text, the reference solution, the reward), and
+`expand` returns a spec that EnvSpec validates and sandbox/image/spec_env.py runs, checks and
+verifies like any other.
+
+The answer's schema is built per target (`choice_model`): tool and argument names are enums of
+the target's own, so a grammar-decoded answer names only real tools. What a grammar cannot say (a
+write tool that lacks the key argument, an argument code cannot make values for) is a PatternError
+naming the field and what to choose instead; it goes back to the model like a validation error.
+The model's answer is hostile data: its words are stripped of template braces and cut short.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
+
+from trace_rl.agents.env_spec import READ_VERBS, EnvSpec, suggest_behaviour
+from trace_rl.core.llm import extract_json
+
+
+class PatternError(ValueError):
+    """A choice that does not fit the target's tools: `field` is the answer's field to change."""
+
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+
+
+class _Choice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# when to use each pattern: one sentence each, for the builder's prompt (the grammar holds the fields)
+PATTERNS = {
+    "lookup_then_act": "the user gives a key; the agent must look the record up with read_tool, then call "
+                       "write_tool with a value only that record holds (revealed_argument). For capabilities "
+                       "about gathering information before acting.",
+    "guarded_action": "write_tool is allowed only when the looked-up record's condition_field is one of "
+                      "allowed_values; on about half the tasks it is not and the agent must not call it. For "
+                      "precondition, policy and eligibility checks.",
+    "exact_arguments": "the user states every argument of write_tool in words; the agent must call it once "
+                       "with exactly those values. For tool-call and argument precision.",
+    "multi_write": "one request needs every one of write_tools called on the same record. For completing "
+                   "multi-step transactions without stopping half way.",
+    "compute_then_act": "the user gives a count and a price per item; the agent must call write_tool with "
+                        "the product as amount_argument. For numerical reasoning before acting.",
+}
+Request = Annotated[str, Field(min_length=3, max_length=100, description="what the user asks for, in a few "
+                                                                         "words, e.g. 'suspend my line'")]
+Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,29}$")]
+FieldName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,29}$", description="a record field, e.g. 'status'")]
+
+
+# ---------------------------------------------------------------- the target's tools, as code sees them
+def _fn(tools: list[dict]) -> dict[str, dict]:
+    return {t["function"]["name"]: t["function"] for t in tools}
+
+
+def _params(fn: dict) -> tuple[dict, list[str], dict]:
+    """(properties, required argument names, $defs) of a tool's JSON schema."""
+    p = fn.get("parameters") or {}
+    return p.get("properties") or {}, list(p.get("required") or []), p.get("$defs") or {}
+
+
+def read_tools(tools: list[dict]) -> list[str]:
+    """Tools that fetch one record by one argument (get_order_details(order_id)): the lookups."""
+    return _reads(_fn(tools))
+
+
+def _reads(fns: dict) -> list[str]:
+    return [n for n, fn in fns.items() if suggest_behaviour(fn)[0]["kind"] == "read"
+            and len(_params(fn)[1] or _params(fn)[0]) == 1]
+
+
+def write_tools(tools: list[dict]) -> list[str]:
+    """Tools that do something (no read verb) and take arguments: what an agent acts with."""
+    return _writes(_fn(tools))
+
+
+def _writes(fns: dict) -> list[str]:
+    return [n for n, fn in fns.items() if n.split("_")[0] not in READ_VERBS and _params(fn)[0]]
+
+
+def _type(prop: dict, defs: dict) -> dict | None:
+    """The argument's schema with $ref and anyOf resolved to the first option that is not null."""
+    for _ in range(5):
+        if "$ref" in prop:
+            prop = defs.get(prop["$ref"].split("/")[-1]) or {}
+        elif "anyOf" in prop or "oneOf" in prop:
+            options = [o for o in prop.get("anyOf") or prop.get("oneOf") if o.get("type") != "null"]
+            prop = options[0] if options else {}
+        else:
+            return prop
+    return None
+
+
+def _words(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def _id_pattern(arg: str) -> str:
+    """An id pattern for a record field an argument names (a spec_env `id` field: unique per record)."""
+    if "phone" in arg:
+        return "555-{n:04d}"
+    if "email" in arg:
+        return "user{n:04d}@example.com"
+    initials = "".join(w[:1] for w in arg.removesuffix("_id").split("_")).upper() or "X"
+    return initials + "{n:04d}" if arg == "id" or arg.endswith("_id") else arg + "_{n:04d}"
+
+
+def value_pool(arg: str, fn: dict, unique: bool = False) -> dict | None:
+    """A spec_env field (value pool) for argument `arg` of tool `fn`, from its JSON schema: its enum,
+    small numbers, dates, made-up codes for strings (an id field, one per record, when `unique`),
+    lists of those for arrays. None where code cannot make values up (objects, untyped)."""
+    props, _, defs = _params(fn)
+    prop = _type(props.get(arg) or {}, defs)
+    if not prop:
+        return None
+    if isinstance(prop.get("enum"), list):
+        values = [v for v in prop["enum"] if isinstance(v, (str, int, float, bool))][:20]
+        return {"type": "choice", "values": values} if values else None
+    t = prop.get("type")
+    if t == "boolean":
+        return {"type": "bool", "p": 0.5}
+    if t in ("integer", "number"):
+        return {"type": "int", "min": 1, "max": 9}
+    if t == "string" and "date" in arg:
+        return {"type": "date", "start": "2024-05-01", "days": 60}
+    if t == "string":
+        pattern = _id_pattern(arg)
+        return {"type": "id", "pattern": pattern} if unique else \
+            {"type": "choice", "values": [pattern.replace("{n:04d}", str(n)) for n in (1042, 2387, 3719, 4560, 5823)]}
+    if t == "array":
+        item = value_pool(arg, {"parameters": {"properties": {arg: prop.get("items") or {}}, "$defs": defs}})
+        samples = item["values"] if item and item["type"] == "choice" else [1, 2, 3, 4] if item and \
+            item["type"] == "int" else []
+        if len(samples) >= 2:
+            s = (samples * 2)[:4]
+            return {"type": "choice", "values": [[s[0]], [s[1]], [s[0], s[2]], [s[1], s[3]]]}
+    return None
+
+
+def _numeric(fn: dict, arg: str) -> bool:
+    props, _, defs = _params(fn)
+    return (_type(props.get(arg) or {}, defs) or {}).get("type") in ("integer", "number")
+
+
+# ---------------------------------------------------------------- the answer's schema, per target
+def choice_model(tools: list[dict]) -> type[RootModel]:
+    """The model of a builder's answer on this target: one pattern per object, on `pattern`. Only the
+    patterns the target's tools can fill are offered; tool and argument names are enums of its own."""
+    reads, writes = read_tools(tools), write_tools(tools)
+    if not writes:
+        raise PatternError("tools", "the target has no tool that acts (every tool reads or takes no argument): "
+                                    "use builder_mode spec or code")
+    fns = _fn(tools)
+    Read, Write = (Literal[tuple(reads)] if reads else None), Literal[tuple(writes)]
+    args = sorted({a for n in writes for a in _params(fns[n])[0]})
+    numeric = sorted({a for n in writes for a in _params(fns[n])[0] if _numeric(fns[n], a)})
+
+    def model(name: str, **fields):
+        return create_model("".join(w.title() for w in name.split("_")), __base__=_Choice, __doc__=PATTERNS[name],
+                            pattern=(Literal[name], ...), **fields, request=(Request, ...))
+    models = []
+    if reads:
+        models.append(model("lookup_then_act", read_tool=(Read, ...), write_tool=(Write, ...), revealed_argument=(
+            Literal[tuple(args)], Field(description="the argument of write_tool whose value only the record holds"))))
+        models.append(model("guarded_action", read_tool=(Read, ...), write_tool=(Write, ...),
+                            condition_field=(FieldName, ...),
+                            allowed_values=(list[Word], Field(min_length=1, max_length=3)),
+                            blocked_values=(list[Word], Field(min_length=1, max_length=3))))
+    models.append(model("exact_arguments", write_tool=(Write, ...)))
+    if len(writes) >= 2:
+        models.append(model("multi_write", write_tools=(list[Write], Field(min_length=2, max_length=3))))
+    if numeric:
+        models.append(model("compute_then_act", write_tool=(Write, ...), amount_argument=(
+            Literal[tuple(numeric)], Field(description="the write tool's number argument that gets the total")),
+            unit=(Word, Field(description="what the user buys, counted, e.g. 'data pack'"))))
+    union = Annotated[Union[tuple(models)], Field(discriminator="pattern")]
+    return create_model("PatternChoice", __base__=RootModel[union])
+
+
+def choice_schema(tools: list[dict]) -> dict:
+    """The JSON schema of an answer on this target: the `response_format` (llama.cpp's grammar)."""
+    return choice_model(tools).model_json_schema()
+
+
+def parse_choice(answer: str | dict, tools: list[dict]) -> BaseModel:
+    """The builder's answer (its text, or the parsed JSON) as a validated choice; ValueError otherwise."""
+    return choice_model(tools).model_validate(extract_json(answer) if isinstance(answer, str) else answer).root
+
+
+def pattern_menu(tools: list[dict]) -> str:
+    """The patterns this target offers, one line each with when to use it and its fields."""
+    lines = []
+    for sub in choice_model(tools).model_fields["root"].annotation.__args__:
+        fields = [f for f in sub.model_fields if f != "pattern"]
+        lines.append(f"- {sub.model_fields['pattern'].annotation.__args__[0]}: {sub.__doc__}\n"
+                     f"  fields: {', '.join(fields)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- expansion into a spec
+def _text(s: str, limit: int = 100) -> str:
+    """Model-written words for a template: no braces (no slot can be smuggled in), one line, short."""
+    return " ".join(re.sub(r"[{}]", "", str(s)).split())[:limit].rstrip(" .")
+
+
+class _Draft:
+    """A spec being written for one target: one entity (the records), the picked record, the
+    values the user states (one task value per argument name, said once)."""
+
+    def __init__(self, fns: dict, entity: str, key: str, fields: dict | None = None, say_key: bool = True):
+        self.fns, self.entity = fns, entity
+        self.fields = {key: {"type": "id", "pattern": _id_pattern(key)}, **(fields or {})}
+        self.task: dict[str, Any] = {"record": {"type": "pick", "entity": entity}}
+        self.said = [f"My {_words(key)} is {{task.record.{key}}}."] if say_key else []
+
+    def args(self, where: str, tool: str, bound: dict, extra: int = 0) -> dict:
+        """Arguments for a call of `tool`: `bound` ones (that the tool takes), then each required one
+        as a value the user states; `extra` optional ones too where the tool has them."""
+        props, required, _ = _params(self.fns[tool])
+        out = {a: v for a, v in bound.items() if a in props}
+        optional = [a for a in props if a not in required and a not in out and value_pool(a, self.fns[tool])]
+        for arg in [a for a in required if a not in out] + optional[:extra]:
+            pool = value_pool(arg, self.fns[tool])
+            if pool is None:
+                kind = (_type(props[arg], _params(self.fns[tool])[2]) or {}).get("type", "untyped")
+                raise PatternError(where, f"{tool}'s argument {arg!r} ({kind}) is not one code can make values "
+                                          "for: choose another tool")
+            if f"stated_{arg}" not in self.task:
+                self.task[f"stated_{arg}"] = pool
+                self.said.append(f"My {_words(arg)} is {{task.stated_{arg}}}.")
+            out[arg] = f"{{task.stated_{arg}}}"
+        return out
+
+    def spec(self, name: str, tools: dict, request: str, system: str, reference: list, reward: list,
+             said_first: str = "") -> dict:
+        request = _text(request)
+        if not request:
+            raise PatternError("request", "write what the user asks for in a few words, e.g. 'suspend my line'")
+        message = " ".join([request[:1].upper() + request[1:] + ".", *([said_first] if said_first else []), *self.said])
+        return {"name": name, "entities": {self.entity: {"count": [3, 6], "fields": self.fields}},
+                "task": self.task, "tools": tools, "system_prompt": system, "user_message": message,
+                "reference": reference, "reward": reward}
+
+
+def _lookup(fns: dict, read_tool: str) -> tuple[str, str, dict]:
+    """(entity, key argument, behaviour) of a read tool: the record it fetches and by which argument."""
+    behaviour, entity, _ = suggest_behaviour(fns[read_tool])
+    key = behaviour["arg"]
+    return entity, key, {"kind": "read", "entity": entity, "arg": key, "field": key}
+
+
+def _acting_on(entity: str, key: str) -> dict:
+    """A write tool's behaviour: it finds the record by `key` (an unknown key is an error, as on the
+    target) and changes nothing the reward reads."""
+    return {"kind": "update", "entity": entity, "arg": key, "field": key}
+
+
+def _called(tool: str, args: dict | None = None, **kw) -> dict:
+    return {"op": "called", "tool": tool, "args": args or {}, **kw}
+
+
+def _component(name: str, weight: float, pred: dict) -> dict:
+    return {"name": name, "weight": weight, "pred": pred}
+
+
+SYSTEM = "You are a customer service agent. Use the tools to do what the user asks, then tell them."
+
+
+def _lookup_then_act(c, fns: dict) -> dict:
+    entity, key, read = _lookup(fns, c.read_tool)
+    arg, props = c.revealed_argument, _params(fns[c.write_tool])[0]
+    if arg not in props:
+        raise PatternError("revealed_argument", f"{c.write_tool} takes no argument {arg!r}: name one of "
+                                                f"{', '.join(props)}")
+    if arg == key:
+        raise PatternError("revealed_argument", f"{arg!r} is the key the user states to look the record up with "
+                                                f"{c.read_tool}: name another argument of {c.write_tool}, one only "
+                                                f"the record holds ({', '.join(a for a in props if a != key)})")
+    pool = value_pool(arg, fns[c.write_tool], unique=True)
+    if pool is None:
+        raise PatternError("revealed_argument", f"code cannot make values for {c.write_tool}'s {arg!r}: name "
+                                                "another argument, or choose another write_tool")
+    d = _Draft(fns, entity, key, {arg: pool})
+    args = d.args("write_tool", c.write_tool, {arg: f"{{task.record.{arg}}}", key: f"{{task.record.{key}}}"})
+    write = _acting_on(entity, arg) if pool["type"] == "id" else {"kind": "const", "result": "Done."}
+    lookup = {key: f"{{task.record.{key}}}"}
+    return d.spec("lookup_then_act", {c.read_tool: read, c.write_tool: write}, c.request, SYSTEM,
+                  [{"call": c.read_tool, "args": lookup}, {"call": c.write_tool, "args": args}, {"reply": "Done."}],
+                  [_component("looked_up_first", 0.3, {"op": "called_before", "first": {"tool": c.read_tool,
+                                                       "args": lookup}, "then": {"tool": c.write_tool, "args": {}}}),
+                   _component("acted_with_the_record", 0.7, _called(c.write_tool, args))])
+
+
+def _guarded_action(c, fns: dict) -> dict:
+    entity, key, read = _lookup(fns, c.read_tool)
+    props = _params(fns[c.write_tool])[0]
+    if key not in props:
+        writes = [n for n in _writes(fns) if key in _params(fns[n])[0]]
+        reads = [n for n in _reads(fns) if _lookup(fns, n)[1] in props]
+        raise PatternError("write_tool", f"{c.write_tool} takes no argument {key!r}, the key {c.read_tool} looks "
+                                         f"records up by: choose a write_tool that takes it ({', '.join(writes) or 'none'})"
+                                         f" or a read_tool keyed by an argument of {c.write_tool} "
+                                         f"({', '.join(reads) or 'none'})")
+    field = c.condition_field
+    allowed, blocked = ([_text(v, 30) for v in vs if _text(v, 30)] for vs in (c.allowed_values, c.blocked_values))
+    if field == key:
+        raise PatternError("condition_field", f"{field!r} is the record's key: name a field like 'status'")
+    if not allowed or not blocked or set(allowed) & set(blocked):
+        raise PatternError("blocked_values", f"allowed_values {allowed} and blocked_values {blocked} must both be "
+                                             "non-empty and share no value")
+    balanced = allowed * len(blocked) + blocked * len(allowed)  # allowed on about half the tasks
+    d = _Draft(fns, entity, key, {field: {"type": "choice", "values": balanced}})
+    lookup = {key: f"{{task.record.{key}}}"}
+    args = d.args("write_tool", c.write_tool, lookup)
+    ok = {"op": "compare", "left": f"{{task.record.{field}}}", "cmp": "in", "right": allowed}
+    rule = (f"Policy: call {c.write_tool} only for a {_words(entity)} whose {_words(field)} is "
+            f"{' or '.join(allowed)}. Otherwise do not call it, and tell the user it is not allowed.")
+    return d.spec("guarded_action", {c.read_tool: read, c.write_tool: _acting_on(entity, key)},
+                  c.request, f"{SYSTEM}\n{rule}",
+                  [{"call": c.read_tool, "args": lookup}, {"call": c.write_tool, "args": args, "when": ok},
+                   {"reply": "Done.", "when": ok},
+                   {"reply": f"Sorry, that is not allowed: the {_words(field)} is {{task.record.{field}}}.",
+                    "when": {"op": "not", "of": ok}}],
+                  [_component("checked_first", 0.4, {"op": "called_before", "first": {"tool": c.read_tool,
+                                                     "args": lookup}, "then": {"tool": c.write_tool, "args": {}}}),
+                   _component("right_decision", 0.6, {"op": "all", "of": [_called(c.read_tool, lookup), {
+                       "op": "if", "cond": ok, "then": _called(c.write_tool, args),
+                       "else": {"op": "not_called", "tool": c.write_tool, "args": {}}}]})])
+
+
+def _draft_for(fns: dict, tool: str) -> tuple[_Draft, dict, dict]:
+    """(draft, bound key argument, behaviour) for a write tool alone: the record its id argument names,
+    or, for a tool with no id argument, a placeholder record (EnvSpec needs one) it never reads."""
+    behaviour, entity, key = suggest_behaviour(fns[tool])
+    if behaviour["kind"] == "update":
+        return _Draft(fns, entity, key), {key: f"{{task.record.{key}}}"}, _acting_on(entity, key)
+    return _Draft(fns, "ticket", "ticket_id", say_key=False), {}, {"kind": "const", "result": "Done."}
+
+
+def _exact_arguments(c, fns: dict) -> dict:
+    d, bound, behaviour = _draft_for(fns, c.write_tool)
+    args = d.args("write_tool", c.write_tool, bound, extra=1)
+    if len(args) < 2:
+        fit = [n for n in _writes(fns) if len(_params(fns[n])[0]) >= 2]
+        raise PatternError("write_tool", f"{c.write_tool} takes {len(args)} argument(s) code can fill; choose a "
+                                         f"tool with two or more ({', '.join(fit) or 'none'})")
+    return d.spec("exact_arguments", {c.write_tool: behaviour}, c.request,
+                  f"{SYSTEM} Call each tool once, with exactly the values the user gives.",
+                  [{"call": c.write_tool, "args": args}, {"reply": "Done."}],
+                  [_component("every_value", 0.6, _called(c.write_tool, args)),
+                   _component("first_try", 0.4, _called(c.write_tool, args, only=True))])
+
+
+def _multi_write(c, fns: dict) -> dict:
+    tools = list(c.write_tools)
+    if len(set(tools)) < len(tools):
+        raise PatternError("write_tools", f"{tools} names a tool twice: name two or three different tools")
+    d, bound, behaviour = _draft_for(fns, tools[0])
+    key = next(iter(bound), None)
+    lacking = [t for t in tools[1:] if key is None or key not in _params(fns[t])[0]]
+    if lacking:
+        fit = [n for n in _writes(fns) if key and key in _params(fns[n])[0]]
+        raise PatternError("write_tools", f"{', '.join(lacking)} cannot act on the record {tools[0]} names "
+                                          f"({key or 'it takes no id'}): choose tools that all take the same id "
+                                          f"argument ({', '.join(fit) or 'none with ' + tools[0]})")
+    calls = {t: d.args("write_tools", t, bound) for t in tools}
+    todo = f"It needs all of: {', '.join(_words(t) for t in tools)}."
+    return d.spec("multi_write", {t: {**behaviour} for t in tools}, c.request,
+                  f"{SYSTEM} Finish every part of a request before you reply.",
+                  [*({"call": t, "args": a} for t, a in calls.items()), {"reply": "Done."}],
+                  [_component(f"called_{t}", round(1 / len(tools), 3), _called(t, a)) for t, a in calls.items()],
+                  said_first=todo)
+
+
+def _compute_then_act(c, fns: dict) -> dict:
+    arg = c.amount_argument
+    if arg not in _params(fns[c.write_tool])[0] or not _numeric(fns[c.write_tool], arg):
+        numbers = [a for a in _params(fns[c.write_tool])[0] if _numeric(fns[c.write_tool], a)]
+        raise PatternError("amount_argument", f"{c.write_tool} takes no number argument {arg!r} (its number "
+                                              f"arguments: {', '.join(numbers) or 'none: choose another write_tool'})")
+    d, bound, behaviour = _draft_for(fns, c.write_tool)
+    d.task["amount"] = {"type": "choice", "values": [{"count": n, "each": e, "total": n * e}
+                                                     for n in (2, 3, 4, 5) for e in (3, 4, 6, 12, 15, 25)]}
+    args = d.args("write_tool", c.write_tool, {**bound, arg: "{task.amount.total}"})
+    unit = _text(c.unit, 30) or "item"
+    said = (f"It is for {{task.amount.count}} x {unit} at {{task.amount.each}} each; the {_words(arg)} is the "
+            "total.")
+    return d.spec("compute_then_act", {c.write_tool: behaviour}, c.request, SYSTEM,
+                  [{"call": c.write_tool, "args": args}, {"reply": "Done."}],
+                  [_component("right_total", 0.5, _called(c.write_tool, {arg: "{task.amount.total}"})),
+                   _component("whole_call", 0.5, _called(c.write_tool, args))], said_first=said)
+
+
+EXPANDERS = {"lookup_then_act": _lookup_then_act, "guarded_action": _guarded_action,
+             "exact_arguments": _exact_arguments, "multi_write": _multi_write, "compute_then_act": _compute_then_act}
+
+
+def expand(choice: BaseModel | str | dict, tools: list[dict]) -> dict:
+    """The spec (EnvSpec-valid, in spec_env's format) code writes for a builder's choice on the
+    target's `tools`. A choice that does not fit raises PatternError (or pydantic's ValidationError
+    for a malformed one): both are ValueErrors that name the field to change."""
+    c = choice if isinstance(choice, BaseModel) else parse_choice(choice, tools)
+    names = {t["function"]["name"] for t in tools}
+    for field in ("read_tool", "write_tool", "write_tools"):  # a choice validated against another target
+        for name in [getattr(c, field, None)] if field != "write_tools" else getattr(c, field, []):
+            if name is not None and name not in names:
+                raise PatternError(field, f"{name!r} is not a tool of this target: choose from {', '.join(sorted(names))}")
+    spec = EXPANDERS[c.pattern](c, _fn(tools))
+    return EnvSpec.model_validate(spec).to_spec()

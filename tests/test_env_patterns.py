@@ -1,0 +1,275 @@
+"""Pattern mode: a builder's pattern choice, bound to real τ²-bench tools, expands into a spec that
+EnvSpec validates and the sandbox runtime's own checks pass (run in-process); the reference wins on
+every seed, doing nothing never does, and the step each pattern trains decides the reward.
+Malformed or hostile choices are ValueErrors that name the field, never crashes."""
+import json
+from functools import cache
+
+import pytest
+from pydantic import ValidationError
+
+from doubles import ScriptedLLM
+from test_spec_runtime import call, play, spec_env  # the runtime as the sandbox sees it
+from trace_rl.agents import env_patterns
+from trace_rl.agents.env_patterns import PatternError, choice_schema, expand, parse_choice
+
+
+@cache
+def tau2_tools(domain: str) -> tuple:
+    from trace_rl.evals.benchmark import load_benchmark
+
+    return tuple(load_benchmark(f"tau2:{domain}").spec()["tools"])
+
+
+def tools_of(domain: str) -> list[dict]:
+    return list(tau2_tools(domain))
+
+
+GUARDED = {"pattern": "guarded_action", "read_tool": "get_customer_by_id", "write_tool": "suspend_line",
+           "condition_field": "status", "allowed_values": ["Active"], "blocked_values": ["Pending", "Closed"],
+           "request": "suspend my line"}
+CHOICES = [  # (domain, choice): one or more per pattern, on three τ² domains
+    ("telecom", {"pattern": "lookup_then_act", "read_tool": "get_customer_by_phone", "write_tool": "suspend_line",
+                 "revealed_argument": "customer_id", "request": "suspend my line"}),
+    ("retail", {"pattern": "lookup_then_act", "read_tool": "find_user_id_by_email", "write_tool": "modify_user_address",
+                "revealed_argument": "user_id", "request": "change my address"}),
+    ("telecom", GUARDED),
+    ("airline", {"pattern": "guarded_action", "read_tool": "get_reservation_details",
+                 "write_tool": "cancel_reservation", "condition_field": "cabin", "allowed_values": ["business"],
+                 "blocked_values": ["economy", "basic_economy"], "request": "cancel my trip"}),
+    ("retail", {"pattern": "exact_arguments", "write_tool": "cancel_pending_order", "request": "cancel my order"}),
+    ("telecom", {"pattern": "exact_arguments", "write_tool": "grant_app_permission", "request": "let my app in"}),
+    ("telecom", {"pattern": "multi_write", "write_tools": ["enable_roaming", "refuel_data"],
+                 "request": "get me ready to travel"}),
+    ("airline", {"pattern": "compute_then_act", "write_tool": "send_certificate", "amount_argument": "amount",
+                 "unit": "night", "request": "compensate me"}),
+]
+
+
+@pytest.mark.parametrize("domain, choice", CHOICES, ids=[f"{d}-{c['pattern']}" for d, c in CHOICES])
+def test_an_expanded_choice_passes_the_runtimes_checks_and_only_the_reference_wins(domain, choice):
+    from trace_rl.agents.env_builder import copies_starter
+    from trace_rl.agents.env_spec import EnvSpec
+
+    tools = tools_of(domain)
+    spec = expand(choice, tools)
+    assert EnvSpec.model_validate(spec).to_spec() == spec
+    assert spec_env.check_spec(spec, tools, range(8)) == []  # reference wins, trivial replies lose, tasks vary
+    assert not copies_starter(spec, tools)
+    assert set(spec["tools"]) <= {t["function"]["name"] for t in tools}
+    env = spec_env.SpecEnv(spec, tools)
+    for seed in range(6):
+        assert play(env, seed, lambda e: e.solve())["success"], seed
+        assert play(env, seed, [{"content": "Hello! How can I help you?"}])["reward"] == 0.0
+
+
+def reference_calls(env, seed):
+    env.reset(seed)
+    return [a["tool_calls"][0] for a in env.solve() if a.get("tool_calls")]
+
+
+def test_lookup_then_act_needs_the_lookup_before_the_write():
+    tools = tools_of("telecom")
+    env = spec_env.SpecEnv(expand(CHOICES[0][1], tools), tools)
+    write = reference_calls(env, 3)[-1]
+    blind = play(env, 3, [call(write["name"], **write["arguments"]), {"content": "Done."}])  # the id guessed right
+    assert blind["components"] == {"looked_up_first": 0.0, "acted_with_the_record": 1.0} and not blind["success"]
+    assert write["arguments"]["customer_id"] not in env.reset(3)["messages"][0]["content"]  # only the lookup tells
+
+
+def test_guarded_action_rewards_refusing_where_the_record_blocks_it():
+    tools = tools_of("telecom")
+    env = spec_env.SpecEnv(expand(GUARDED, tools), tools)
+    outcomes = {}
+    for seed in range(12):
+        calls = reference_calls(env, seed)
+        outcomes.setdefault(env.task["record"]["status"] == "Active", seed)
+        acting = [call(c["name"], **c["arguments"]) for c in calls]
+        if len(calls) == 1:  # blocked: the reference only looks; acting anyway is the careless agent
+            lookup = calls[0]["arguments"]["customer_id"]
+            write = call("suspend_line", customer_id=lookup, line_id=env.task["stated_line_id"],
+                         reason=env.task["stated_reason"])
+            assert not play(env, seed, [*acting, write, {"content": "Done."}])["success"]
+    assert set(outcomes) == {True, False}  # both sides of the rule occur over the seeds
+
+
+def test_exact_arguments_fails_on_one_wrong_value_and_on_a_first_wrong_try():
+    tools = tools_of("retail")
+    env = spec_env.SpecEnv(expand(CHOICES[4][1], tools), tools)
+    (right,) = reference_calls(env, 1)
+    wrong = {**right["arguments"], "reason": "other"}
+    assert not play(env, 1, [call(right["name"], **wrong), {"content": "Done."}])["success"]
+    retried = play(env, 1, [call(right["name"], **wrong), call(right["name"], **right["arguments"]), {"content": "x"}])
+    assert retried["components"] == {"every_value": 1.0, "first_try": 0.0}
+
+
+def test_multi_write_needs_every_write_and_compute_then_act_the_product():
+    tools = tools_of("telecom")
+    env = spec_env.SpecEnv(expand(CHOICES[6][1], tools), tools)
+    first, _ = reference_calls(env, 2)
+    half = play(env, 2, [call(first["name"], **first["arguments"]), {"content": "Done."}])
+    assert half["reward"] == pytest.approx(0.5) and not half["success"]
+
+    tools = tools_of("airline")
+    env = spec_env.SpecEnv(expand(CHOICES[7][1], tools), tools)
+    (right,) = reference_calls(env, 4)
+    amount = env.task["amount"]
+    assert right["arguments"]["amount"] == amount["count"] * amount["each"]
+    summed = {**right["arguments"], "amount": amount["count"] + amount["each"]}
+    assert not play(env, 4, [call("send_certificate", **summed), {"content": "Done."}])["success"]
+
+
+# ---------------------------------------------------------------- malformed and hostile choices
+def field_error(choice, tools, field):
+    with pytest.raises(ValueError) as err:
+        expand(choice, tools)
+    assert field in str(err.value), str(err.value)
+    return err.value
+
+
+@pytest.mark.parametrize("change, field, kind", [
+    ({"write_tool": "cancel_reservation"}, "write_tool", ValidationError),  # another domain's tool
+    ({"write_tool": "set_apn_settings", "pattern": "exact_arguments"}, "apn_settings", PatternError),  # an object arg
+    ({"write_tool": "enable_roaming", "read_tool": "get_customer_by_phone"}, "write_tool", PatternError),  # no key arg
+    ({"condition_field": None}, "condition_field", ValidationError),  # missing
+    ({"pattern": "lookup_and_tell"}, "lookup_and_tell", ValidationError),  # no such pattern
+    ({"blocked_values": ["Active"]}, "blocked_values", PatternError),  # allowed on every seed
+    ({"allowed_values": ["{task.record.status}"]}, "allowed_values", ValidationError),  # a smuggled slot
+])
+def test_a_choice_that_does_not_fit_is_an_error_naming_the_field(change, field, kind):
+    choice = {k: v for k, v in {**GUARDED, **change}.items() if v is not None}
+    if choice["pattern"] == "exact_arguments":
+        choice = {k: choice[k] for k in ("pattern", "write_tool", "request")}
+    err = field_error(choice, tools_of("telecom"), field)
+    assert isinstance(err, kind)
+
+
+def test_binding_errors_say_what_to_choose_instead():
+    tools = tools_of("telecom")
+    lookup = {**CHOICES[0][1], "read_tool": "get_customer_by_id"}  # the key the user states, "revealed"
+    assert "line_id" in str(field_error(lookup, tools, "revealed_argument"))
+    err = field_error({**GUARDED, "read_tool": "get_customer_by_phone"}, tools, "write_tool")
+    assert "get_customer_by_id" in str(err)  # a read tool keyed by an argument suspend_line takes
+    multi = {"pattern": "multi_write", "write_tools": ["enable_roaming", "transfer_to_human_agents"], "request": "x y"}
+    assert "disable_roaming" in str(field_error(multi, tools, "write_tools"))
+    twice = {**multi, "write_tools": ["enable_roaming", "enable_roaming"]}
+    assert "twice" in str(field_error(twice, tools, "write_tools"))
+    amount = {"pattern": "compute_then_act", "write_tool": "suspend_line", "amount_argument": "gb_amount",
+              "unit": "GB", "request": "add data"}
+    assert "none" in str(field_error(amount, tools, "amount_argument"))
+
+
+def test_model_words_cannot_become_template_slots():
+    tools = tools_of("telecom")
+    spec = expand({**GUARDED, "request": "suspend {task.record.status} {{task.stated_reason}}"}, tools)
+    assert spec["user_message"].startswith("Suspend task.record.status task.stated_reason.")
+    first = spec_env.SpecEnv(spec, tools).reset(0)["messages"][0]["content"]
+    assert first.startswith("Suspend task.record.status task.stated_reason.")  # words, never the record's values
+    with pytest.raises(PatternError, match="request"):
+        expand({**GUARDED, "request": "{}{}{}"}, tools)
+
+
+def test_parse_choice_reads_the_json_in_a_reply_and_rejects_extra_keys():
+    tools = tools_of("telecom")
+    got = parse_choice("Here it is:\n```json\n" + json.dumps(GUARDED) + "\n```", tools)
+    assert got.pattern == "guarded_action" and got.write_tool == "suspend_line"
+    with pytest.raises(ValidationError, match="extra"):
+        parse_choice({**GUARDED, "reward": []}, tools)
+
+
+# ---------------------------------------------------------------- the grammar's schema
+def enums(schema: dict, key: str) -> set:
+    """Every enum value the schema allows under a property named `key` (items of arrays included)."""
+    out = set()
+    for model in schema["$defs"].values():
+        prop = model["properties"].get(key) or {}
+        prop = prop.get("items", prop)
+        out |= set(prop.get("enum") or ([prop["const"]] if "const" in prop else []))
+    return out
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail", "telecom"])
+def test_the_schemas_tool_names_are_the_targets_own(domain):
+    tools = tools_of(domain)
+    schema = choice_schema(tools)
+    names = {t["function"]["name"] for t in tools}
+    reads, writes = set(env_patterns.read_tools(tools)), set(env_patterns.write_tools(tools))
+    assert enums(schema, "read_tool") == reads and enums(schema, "write_tool") == writes
+    assert enums(schema, "write_tools") == writes and reads | writes <= names and reads and writes
+
+
+def test_the_schema_offers_only_what_the_tools_can_fill():
+    def tool(name, **args):
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {a: {"type": t} for a, t in args.items()}, "required": list(args)}}}
+    tools = [tool("get_order_details", order_id="string"), tool("cancel_order", order_id="string", reason="string"),
+             tool("toggle_wifi")]
+    schema = choice_schema(tools)
+    assert enums(schema, "read_tool") == {"get_order_details"} and enums(schema, "write_tool") == {"cancel_order"}
+    assert enums(schema, "pattern") == {"lookup_then_act", "guarded_action", "exact_arguments"}  # one write, no number
+    with pytest.raises(PatternError, match="no tool that acts"):
+        choice_schema([tool("get_order_details", order_id="string")])
+
+
+def test_the_choice_schema_compiles_to_a_llama_cpp_grammar():
+    llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(choice_schema(tools_of("telecom"))))
+    assert "guarded_action" in gbnf and "suspend_line" in gbnf and "toggle_wifi" not in gbnf
+    llama_grammar.LlamaGrammar.from_string(gbnf, verbose=False)
+
+
+# ---------------------------------------------------------------- the builder in pattern mode
+class RecordingLLM(ScriptedLLM):
+    """A scripted builder that also keeps each request's response_format."""
+
+    def _complete(self, messages, tools, **kw):
+        self.formats = [*getattr(self, "formats", []), kw.get("response_format")]
+        return super()._complete(messages, tools, **kw)
+
+
+def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it(tmp_path, monkeypatch):
+    from trace_rl.agents import env_builder
+    from trace_rl.agents.env_builder import Target, builder_mode, synthesize_round
+    from trace_rl.agents.verifier import VerifierReport
+    from trace_rl.core.records import PATTERN_NOTE
+    from trace_rl.graph.report import stage_summary
+
+    tools = tools_of("telecom")
+    target = Target("tau2:telecom", tools, "Be nice.", "")
+    misfit = {**GUARDED, "read_tool": "get_customer_by_phone"}  # no write tool takes phone_number
+    builder = RecordingLLM([json.dumps(misfit), json.dumps(GUARDED)])
+    monkeypatch.setattr(env_builder, "check_in_sandbox", lambda spec, tools: spec_env.check_spec(spec, tools))
+    monkeypatch.setattr(env_builder, "verify", lambda *a, **k: VerifierReport([]))  # the sandbox's verdict: passed
+    cap = {"name": "precondition_verification", "description": "Checks the account before acting."}
+    record = synthesize_round(cap, target, builder, tmp_path, 1, mode=builder_mode("pattern", builder),
+                              log=lambda *a: None)
+    adir = tmp_path / "attempt_01"
+    assert json.loads((adir / "builder_choice.json").read_text()) == GUARDED  # what the model wrote
+    assert json.loads((adir / "spec.json").read_text()) == expand(GUARDED, tools)  # what code made of it
+    assert "class Env(SpecEnv)" in (adir / "env.py").read_text()
+    assert builder.formats[0]["schema"] == choice_schema(tools)  # decoded under the per-target grammar
+    assert "get_customer_by_id" in builder.requests[1][-1]["content"]  # the misfit's error went back
+    assert "guarded_action" in builder.requests[0][0]["content"] and "suspend_line(" in builder.requests[0][1]["content"]
+    manifest = json.loads((adir / "manifest.json").read_text())
+    assert manifest["origin"] == "pattern:guarded_action" and manifest["note"] == PATTERN_NOTE
+    assert record.status == "verified" and record.source == "pattern:guarded_action"
+    (row,) = [r for r in stage_summary({"envs": {cap["name"]: record}}) if r["stage"] == "synthesise"]
+    assert PATTERN_NOTE in row["detail"] and "guarded_action" in row["detail"]
+    previous, _ = env_builder.previous_round(tmp_path, 2)
+    assert json.loads(previous) == GUARDED  # a next round shows the model its choice, not code's spec
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("domain, choice", CHOICES[::2], ids=[f"{d}-{c['pattern']}" for d, c in CHOICES[::2]])
+def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(domain, choice, sandbox_image):
+    """What check_spec does not run: random tool calls and echoing the prompt (the target's policy in
+    it) must not score either."""
+    from trace_rl.agents.env_spec import render_module
+    from trace_rl.agents.verifier import VerifyConfig, automatic_checks
+    from trace_rl.evals.benchmark import load_benchmark
+
+    tools = tools_of(domain)
+    module = render_module(expand(choice, tools), tools, load_benchmark(f"tau2:{domain}").spec()["policy"])
+    findings, _ = automatic_checks(module, tools, VerifyConfig(seeds=12, determinism_seeds=2))
+    assert {f.check for f in findings} >= {"trivial_random_tools", "answer_leak", "reference_solver"}
+    assert all(f.passed for f in findings), [f for f in findings if not f.passed]
