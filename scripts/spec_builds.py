@@ -1,9 +1,10 @@
-"""Real spec-mode builds with an embedded model: four τ²-bench capabilities, each built and
+"""Real spec- or pattern-mode builds with an embedded model: four τ²-bench capabilities, each built and
 verified (automatic checks in the Docker sandbox + the same model as LLM reviewer) for up to
 --rounds rounds. Writes OUT/<capability>/attempt_XX/ (spec.json, env.py, verifier_report.json)
 and OUT/summary.json, OUT/README.md.
 
     .venv/bin/python scripts/spec_builds.py --model qwen2.5-coder-1.5b --out docs/examples/spec-build/1.5b
+    .venv/bin/python scripts/spec_builds.py --mode pattern --out docs/examples/pattern-build/qwen2.5-coder-1.5b
 """
 import argparse
 import json
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=2000)
+    ap.add_argument("--mode", choices=["spec", "pattern"], default="spec", help="what the builder writes")
     ap.add_argument("--only", default=None, help="one capability name")
     ap.add_argument("--no-review", action="store_true", help="automatic checks only (no LLM review): cheaper on a CPU")
     args = ap.parse_args()
@@ -64,10 +66,10 @@ def main() -> None:
         llm = LLM(LLMConfig(model=args.model, max_tokens=args.max_tokens, temperature=0.3))
         t0 = time.perf_counter()
         record = synthesize({"name": name, "description": description}, target, llm, out / name,
-                            max_rounds=args.rounds, mode="spec", reviewer=None if args.no_review else llm,
+                            max_rounds=args.rounds, mode=args.mode, reviewer=None if args.no_review else llm,
                             cfg=VerifyConfig(), log=print)
         u = llm.usage
-        summary[name] = {"target": bench_name, "status": record.status, "rounds": record.rounds,
+        summary[name] = {"target": bench_name, "mode": args.mode, "status": record.status, "rounds": record.rounds,
                          "review": not args.no_review,
                          "wall_seconds": round(time.perf_counter() - t0), "calls": u.calls,
                          "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -77,8 +79,8 @@ def main() -> None:
     rows = [f"| {n} | {s['target']} | {s['status']} | {s['rounds']} | "
             f"{', '.join(str(r['repairs']) for r in s.get('per_round', []))} | {s['wall_seconds']} | "
             f"{s['prompt_tokens']}+{s['completion_tokens']} |" for n, s in summary.items()]
-    atomic_write_text(out / "README.md", f"# Spec-mode builds with {args.model}\n\n"
-                      f"`.venv/bin/python scripts/spec_builds.py --model {args.model} --out {out}` "
+    atomic_write_text(out / "README.md", f"# {args.mode.capitalize()}-mode builds with {args.model}\n\n"
+                      f"`.venv/bin/python scripts/spec_builds.py --mode {args.mode} --model {args.model} --out {out}` "
                       f"(up to {args.rounds} rounds; automatic checks in the Docker sandbox"
                       + ("" if args.no_review else " and the same model as LLM reviewer") + "; no calibration)"
                       "\n\n| capability | target | outcome | rounds | code repairs per round | wall s | "
