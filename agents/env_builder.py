@@ -294,6 +294,8 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
     fit the tools (env_patterns.PatternError) goes back to the model like a validation error (a
     choice is a few dozen tokens, so one more try than spec mode costs little)."""
     def expanded(choice) -> tuple[dict, dict]:
+        if why := env_patterns.misfit(capability, choice.root.pattern):
+            raise env_patterns.PatternError("pattern", why)
         return choice.model_dump(), env_patterns.expand(choice.root, target.tools)
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
     messages = pattern_messages(capability, target, feedback, previous)

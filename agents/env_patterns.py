@@ -53,6 +53,35 @@ PATTERNS = {
     "compute_then_act": "the user gives a count and a price per item; the agent must call write_tool with "
                         "the product as amount_argument. For numerical reasoning before acting.",
 }
+# words a capability of each pattern's family is described with (stems: "policies" -> "polic"); a
+# capability that names another family's words and none of its chosen pattern's is a misfit
+FAMILIES = {
+    "lookup_then_act": "gather information look lookup find retrieve fetch identify read context before",
+    "guarded_action": "precondition policy eligibility eligible verify verification check rule allowed permission "
+                      "confirm refuse",
+    "exact_arguments": "precision precise argument schema exact parameter format malformed",
+    "multi_write": "multi step transaction complete completion every sequence through half",
+    "compute_then_act": "numerical amount price total fee refund balance payment calculate compute math",
+}
+
+
+def _stems(text: str) -> set[str]:
+    return {w[:6] for w in re.findall(r"[a-z]+", text.lower().replace("_", " ")) if len(w) > 2}
+
+
+def misfit(capability: dict, pattern: str) -> str | None:
+    """Why `pattern` does not train this capability, by the words it is described with, or None. The
+    1.5B chose compute_then_act for precondition_verification: an env that verifies but trains
+    something else. Only a clear misfit is one (no word of its family, some of another's)."""
+    words = _stems(f"{capability.get('name', '')} {capability.get('description', '')}")
+    shared = {p: len(words & _stems(family)) for p, family in FAMILIES.items()}
+    if shared.get(pattern) or not any(shared.values()):
+        return None
+    best = sorted((p for p in shared if shared[p]), key=lambda p: -shared[p])
+    return (f"{pattern} does not train {capability.get('name', 'this capability')}: its description reads like "
+            f"{' or '.join(best[:2])} ({PATTERNS[best[0]].split('. For ')[-1].rstrip('.')})")
+
+
 Request = Annotated[str, Field(min_length=3, max_length=100, description="what the user asks for, in a few "
                                                                          "words, e.g. 'suspend my line'")]
 Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,29}$")]

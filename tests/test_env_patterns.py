@@ -259,6 +259,35 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert json.loads(previous) == GUARDED  # a next round shows the model its choice, not code's spec
 
 
+PRECONDITION = {"name": "precondition_verification", "description": "Checks the policy's preconditions (the "
+                "eligibility rules) before calling a tool that changes the database."}
+COMPUTE = {"pattern": "compute_then_act", "write_tool": "send_certificate", "amount_argument": "amount",
+           "unit": "night", "request": "compensate me"}
+
+
+def test_a_pattern_from_another_family_is_a_misfit_that_names_the_fitting_one():
+    why = env_patterns.misfit(PRECONDITION, "compute_then_act")
+    assert why and "guarded_action" in why and "precondition_verification" in why
+    assert env_patterns.misfit(PRECONDITION, "guarded_action") is None
+    # a description in none of the families' words leaves the choice to the model
+    assert env_patterns.misfit({"name": "politeness", "description": "Greets the user warmly."}, "multi_write") is None
+    # a phone *number* is no numerical reasoning
+    precision = {"name": "tool_call_precision", "description": "Passes the customer's phone number exactly."}
+    assert env_patterns.misfit(precision, "exact_arguments") is None
+    assert "exact_arguments" in env_patterns.misfit(precision, "compute_then_act")
+
+
+def test_a_misfit_choice_goes_back_to_the_builder_in_the_same_round():
+    from trace_rl.agents.env_builder import Target, write_pattern
+
+    target = Target("tau2:airline", tools_of("airline"), "Be nice.", "")
+    guarded = CHOICES[3][1]
+    builder = RecordingLLM([json.dumps(COMPUTE), json.dumps(guarded)])
+    choice, spec = write_pattern(builder, PRECONDITION, target)
+    assert choice == guarded and spec == expand(guarded, target.tools)
+    assert "does not train precondition_verification" in builder.requests[1][-1]["content"]
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize("domain, choice", CHOICES[::2], ids=[f"{d}-{c['pattern']}" for d, c in CHOICES[::2]])
 def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(domain, choice, sandbox_image):
