@@ -290,7 +290,7 @@ def pattern_messages(capability: dict, target: Target, feedback: str | None, pre
 def write_pattern(llm, capability: dict, target: Target, feedback=None, previous=None,
                   attempts: int = 3) -> tuple[dict, dict]:
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
-    under env_patterns.choice_schema (tool names are enums of the target's); a choice that does not
+    under env_patterns.decode_schema (only bindings of the target's tools that expand); a choice that does not
     fit the tools (env_patterns.PatternError) goes back to the model like a validation error (a
     choice is a few dozen tokens, so one more try than spec mode costs little)."""
     def expanded(choice) -> tuple[dict, dict]:
@@ -300,7 +300,8 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
     messages = pattern_messages(capability, target, feedback, previous)
     return _ask_builder("pattern choice", lambda: llm.structured(
-        messages, model, attempts, check=expanded, **({"temperature": 0.7} if previous else {})))
+        messages, model, attempts, check=expanded, decode_schema=env_patterns.decode_schema(target.tools),
+        **({"temperature": 0.7} if previous else {})))
 
 
 def attempt_origin(adir: Path) -> str:

@@ -17,6 +17,7 @@ The model's answer is hostile data: its words are stripped of template braces an
 """
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -218,8 +219,43 @@ def choice_model(tools: list[dict]) -> type[RootModel]:
 
 
 def choice_schema(tools: list[dict]) -> dict:
-    """The JSON schema of an answer on this target: the `response_format` (llama.cpp's grammar)."""
+    """The JSON schema of an answer on this target, as `choice_model` validates it."""
     return choice_model(tools).model_json_schema()
+
+
+# a stand-in for each free field, to try a binding of the tools before the model is offered it
+_SAMPLE = {"request": "do it", "condition_field": "status", "allowed_values": ["open"], "blocked_values": ["closed"],
+           "unit": "item"}
+BOUND = ("read_tool", "write_tool", "amount_argument", "revealed_argument")  # in the order they are decided
+
+
+def decode_schema(tools: list[dict]) -> dict:
+    """The schema the builder decodes under (llama.cpp's or xgrammar's grammar): `choice_schema`, with
+    each pattern split into one alternative per pair of tools that expands, each naming only the
+    arguments that fit it. The 1.5B sent `revealed_argument: reservation_id` (the lookup's own key)
+    three rounds running; here the grammar cannot write a binding code would refuse."""
+    loose = choice_schema(tools)
+    alternatives = []
+    for ref in loose["oneOf"]:
+        sub = loose["$defs"][ref["$ref"].split("/")[-1]]
+        props = sub["properties"]
+        bound = [f for f in BOUND if f in props]
+        if not bound:
+            alternatives.append(sub)
+            continue
+        last, pairs = bound[-1], {}
+        for values in itertools.product(*(props[f].get("enum") or [props[f]["const"]] for f in bound)):
+            choice = {"pattern": props["pattern"]["const"], **_SAMPLE, **dict(zip(bound, values))}
+            choice = {k: v for k, v in choice.items() if k in props}
+            try:
+                expand(choice, tools)
+            except ValueError:
+                continue
+            pairs.setdefault(values[:-1], []).append(values[-1])
+        for head, tails in pairs.items():  # one alternative per binding of all but the last bound field
+            fixed = {f: {"const": v, "type": "string"} for f, v in zip(bound, head)}
+            alternatives.append({**sub, "properties": {**props, **fixed, last: {**props[last], "enum": tails}}})
+    return {"title": loose.get("title", "PatternChoice"), "anyOf": alternatives}
 
 
 def parse_choice(answer: str | dict, tools: list[dict]) -> BaseModel:

@@ -350,13 +350,15 @@ class LLM:
             self.usage.add(reply, cost)
         return reply
 
-    def response_format(self, schema: type[BaseModel]) -> dict:
+    def response_format(self, schema: type[BaseModel] | dict) -> dict:
         """Schema-constrained decoding in the dialect of the endpoint: llama-cpp-python's server
-        (ours, when no base_url is set) takes json_object + schema; OpenAI-style ones json_schema."""
-        js = schema.model_json_schema()
+        (ours, when no base_url is set) takes json_object + schema; OpenAI-style ones json_schema.
+        `schema`: a pydantic model, or a JSON schema as a dict."""
+        js = schema if isinstance(schema, dict) else schema.model_json_schema()
         if self.config.base_url is None:
             return {"type": "json_object", "schema": js}
-        return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": js}}
+        name = js.get("title", "answer") if isinstance(schema, dict) else schema.__name__
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": js}}
 
     def ask(self, messages: list[dict], parse: Callable[[str], T], attempts: int = 3,
             again: str = "Reply again with the whole corrected answer.", **kw) -> T:
@@ -380,12 +382,13 @@ class LLM:
         raise StructuredOutputError(f"no valid answer after {attempts} attempts; last error: {last[:1500]}", reply=text)
 
     def structured(self, messages: list[dict], schema: type[T], attempts: int = 3,
-                   check: Callable[[Any], Any] | None = None, **kw):
-        """JSON matching `schema` (decoding constrained to it where the endpoint can), then
-        `check(value)` for what a grammar cannot express (names, sentence counts, ids): its
-        ValueError goes back to the model like a parse error; its return value is the answer."""
+                   check: Callable[[Any], Any] | None = None, decode_schema: dict | None = None, **kw):
+        """JSON matching `schema` (decoding constrained to it, or to the tighter `decode_schema`, where
+        the endpoint can), then `check(value)` for what a grammar cannot express (names, sentence
+        counts, ids): its ValueError goes back to the model like a parse error; its return value is
+        the answer."""
         if self.config.constrained_json and "response_format" not in kw:
-            kw["response_format"] = self.response_format(schema)
+            kw["response_format"] = self.response_format(decode_schema or schema)
 
         def parse(text: str):
             value = schema.model_validate(extract_json(text))

@@ -218,6 +218,34 @@ def test_the_choice_schema_compiles_to_a_llama_cpp_grammar():
     llama_grammar.LlamaGrammar.from_string(gbnf, verbose=False)
 
 
+@pytest.mark.parametrize("domain", ["airline", "telecom"])
+def test_every_binding_the_decode_grammar_allows_expands(domain):
+    tools = tools_of(domain)
+    schema = env_patterns.decode_schema(tools)
+    patterns = set()
+    for alt in schema["anyOf"]:
+        props = alt["properties"]
+        patterns.add(props["pattern"]["const"])
+        bound = {f: props[f].get("enum") or [props[f]["const"]] for f in env_patterns.BOUND if f in props}
+        for field, values in bound.items():
+            for value in values:
+                choice = {k: v for k, v in env_patterns._SAMPLE.items() if k in props}
+                choice |= {"pattern": props["pattern"]["const"], **{f: v[0] for f, v in bound.items()}, field: value}
+                expand(choice, tools)  # raises on a binding the grammar should not have offered
+    assert patterns == enums(choice_schema(tools), "pattern")  # no pattern lost on the way
+
+
+def test_the_decode_grammar_refuses_the_binding_the_1_5b_sent_three_rounds_running():
+    schema = env_patterns.decode_schema(tools_of("airline"))
+    lookups = [a["properties"] for a in schema["anyOf"] if a["properties"]["pattern"]["const"] == "lookup_then_act"
+               and a["properties"]["read_tool"]["const"] == "get_reservation_details"
+               and a["properties"]["write_tool"]["const"] == "update_reservation_baggages"]
+    (props,) = lookups
+    assert "reservation_id" not in props["revealed_argument"]["enum"] and "total_baggages" in props["revealed_argument"]["enum"]
+    llama_grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    llama_grammar.LlamaGrammar.from_string(llama_grammar.json_schema_to_gbnf(json.dumps(schema)), verbose=False)
+
+
 # ---------------------------------------------------------------- the builder in pattern mode
 class RecordingLLM(ScriptedLLM):
     """A scripted builder that also keeps each request's response_format."""
@@ -247,7 +275,7 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert json.loads((adir / "builder_choice.json").read_text()) == GUARDED  # what the model wrote
     assert json.loads((adir / "spec.json").read_text()) == expand(GUARDED, tools)  # what code made of it
     assert "class Env(SpecEnv)" in (adir / "env.py").read_text()
-    assert builder.formats[0]["schema"] == choice_schema(tools)  # decoded under the per-target grammar
+    assert builder.formats[0]["schema"] == env_patterns.decode_schema(tools)  # decoded under the per-target grammar
     assert "get_customer_by_id" in builder.requests[1][-1]["content"]  # the misfit's error went back
     assert "guarded_action" in builder.requests[0][0]["content"] and "suspend_line(" in builder.requests[0][1]["content"]
     manifest = json.loads((adir / "manifest.json").read_text())
