@@ -10,6 +10,7 @@
 #                       then pack both (the run comes back with its train_target/)
 #   target STEPS SECS   GRPO on the target (the baseline) into /tmp/proof/train_target with STEPS steps
 #                       (= the capabilities' steps together), while the CPU machine builds: it needs no env
+#   envgrpo NAME ENV STEPS SECONDS  GRPO on one env built and verified on the CPU machine (subprocess backend here)
 #   keep SECONDS        hold the machine (sleep) while the CPU machine is still building
 #   phase-b STEPS SECONDS  unpack the carried .device/run (as the CPU machine left it: envs built and verified in
 #                       Docker), then in one call train the capabilities and compose (stopping before train_target)
@@ -65,6 +66,14 @@ cfg = cfg.model_copy(update={"serve": "llama.cpp", "grpo": cfg.grpo.model_copy(u
 print(Pipeline(run, cfg).train_target({})["target_adapter"])
 PY
     ;;
+  envgrpo)  # envgrpo NAME ENV_PY STEPS SECONDS: GRPO of $MODEL on one built env (verified in Docker on the
+            # CPU machine; here it runs in the subprocess backend); logs, curves and held-out results to $OUT
+    source scripts/device_env.sh /nonexistent
+    timeout "${5:-400}" python3 -m trace_rl.graph.cli train "$3" --model "$MODEL" --preset paper --set steps="$4" \
+      --set groups_per_step=2 --set learning_rate=1e-4 --heldout 16 --out "/tmp/envgrpo-$2" --name "$2" 2>&1 \
+      | tee "$OUT/envgrpo-$2.log"
+    mkdir -p "$OUT/envgrpo-$2" && (cd "/tmp/envgrpo-$2" && find . -maxdepth 5 -type f \( -name '*.json' -o -name \
+      '*.png' -o -name '*.jsonl' \) -size -8M -not -path '*checkpoint*' -not -name 'tokenizer*' -exec cp --parents {} "$OUT/envgrpo-$2/" \;) ;;
   keep) sleep "${2:-60}"; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
   phase-b)
     source scripts/device_env.sh /nonexistent
