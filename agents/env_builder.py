@@ -121,14 +121,14 @@ BUILDER_MODES = ("auto", "spec", "pattern", "code")
 
 
 def builder_mode(mode: str, llm) -> str:
-    """auto: spec for a local (embedded) builder model, which cannot write a whole module;
-    code for a model at an endpoint (base_url), which is assumed strong. pattern (see
-    write_pattern) only when asked for."""
+    """auto: pattern for a local (embedded) builder model, which cannot write a whole module and
+    verified no spec-mode env in real runs (docs/examples/pattern-build); code for a model at an
+    endpoint (base_url), which is assumed strong. spec only when asked for."""
     if mode not in BUILDER_MODES:
         raise ValueError(f"builder_mode {mode!r}: use one of {', '.join(BUILDER_MODES)}")
     if mode != "auto":
         return mode
-    return "code" if getattr(getattr(llm, "config", None), "base_url", None) else "spec"
+    return "code" if getattr(getattr(llm, "config", None), "base_url", None) else "pattern"
 
 
 def starter_spec(tools: list[dict], name: str = "") -> dict:

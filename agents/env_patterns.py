@@ -83,8 +83,9 @@ def misfit(capability: dict, pattern: str) -> str | None:
             f"{' or '.join(best[:2])} ({PATTERNS[best[0]].split('. For ')[-1].rstrip('.')})")
 
 
-Request = Annotated[str, Field(min_length=3, max_length=100, description="what the user asks for, in a few "
-                                                                         "words, e.g. 'suspend my line'")]
+# plain words only: the 1.5B wrote "calculate(total_baggages * 10)" as the user's request
+Request = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9 ,.'-]+$", min_length=3, max_length=100, description="what the user asks for, "
+                                                                                       "in a few words, e.g. 'suspend my line'")]
 Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,29}$")]
 FieldName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,29}$", description="a record field, e.g. 'status'")]
 

@@ -452,7 +452,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
                                                        "(default: build_rounds)"),
           mode: str = typer.Option("auto", help="spec (a JSON spec, for small local models), pattern (the model "
                                                 "picks an env shape and its tools, code writes the spec), code (a "
-                                                "Python module), auto (spec for an embedded model)"),
+                                                "Python module), auto (pattern for an embedded model)"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
           calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
           set_: list[str] = typer.Option(None, "--set", help="a verifier setting, e.g. --set calib_seeds=10 "

@@ -77,7 +77,7 @@ class RunConfig(Strict):
         "auto", description="spec: the builder writes a JSON spec (grammar-constrained) that a tested runtime turns "
                             "into the env; pattern: it only picks one of a few env shapes and binds it to the "
                             "target's tools, code writes the spec (for the smallest models); code: a Python module; "
-                            "auto: spec for an embedded builder model, code for one at an endpoint")
+                            "auto: pattern for an embedded builder model, code for one at an endpoint")
     agent: AgentSettings = AgentSettings()
     analysis: AnalysisConfig = AnalysisConfig()
     verify: VerifyConfig = VerifyConfig()
@@ -160,7 +160,7 @@ PRESETS: dict[str, dict] = {
         "agent": {"max_steps": 30, "max_tokens": 512, "temperature": 0.7, "concurrency": 64},
         "user_model": {"model": "qwen2.5-coder-1.5b", "temperature": 0.0, "max_tokens": 256},
         "analyst": {"model": "qwen2.5-coder-1.5b", "max_tokens": 2048},
-        "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 3000}, "builder_mode": "spec",
+        "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 3000}, "builder_mode": "pattern",
         "analysis": {"n_runs": 10, "k": 8, "concurrency": 32},
         "max_capabilities": 4, "build_rounds": 3, "target_baseline": True,
         # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a 1.5B

@@ -129,7 +129,7 @@ def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_ima
     assert json.loads((tmp_path / "attempt_02" / "spec.json").read_text()) == good
     module = (tmp_path / "attempt_02" / "env.py").read_text()
     assert "class Env(SpecEnv)" in module and repr(target.policy)[:80] in module  # the policy, copied by code
-    assert builder_mode("auto", builder) == "spec" and builder_mode("code", builder) == "code"
+    assert builder_mode("auto", builder) == "pattern" and builder_mode("code", builder) == "code"
 
 
 def test_code_suggests_a_behaviour_for_each_target_tool():

@@ -161,12 +161,17 @@ def test_binding_errors_say_what_to_choose_instead():
 
 def test_model_words_cannot_become_template_slots():
     tools = tools_of("telecom")
-    spec = expand({**GUARDED, "request": "suspend {task.record.status} {{task.stated_reason}}"}, tools)
+    with pytest.raises(ValueError, match="request"):  # the model (and the grammar) allow plain words only
+        expand({**GUARDED, "request": "suspend {task.record.status}"}, tools)
+    # a choice that skipped validation still gets no slot in: code strips the braces
+    smuggled = parse_choice(GUARDED, tools).model_copy(
+        update={"request": "suspend {task.record.status} {{task.stated_reason}}"})
+    spec = expand(smuggled, tools)
     assert spec["user_message"].startswith("Suspend task.record.status task.stated_reason.")
     first = spec_env.SpecEnv(spec, tools).reset(0)["messages"][0]["content"]
     assert first.startswith("Suspend task.record.status task.stated_reason.")  # words, never the record's values
     with pytest.raises(PatternError, match="request"):
-        expand({**GUARDED, "request": "{}{}{}"}, tools)
+        expand(smuggled.model_copy(update={"request": "{}{}{}"}), tools)
 
 
 def test_parse_choice_reads_the_json_in_a_reply_and_rejects_extra_keys():
@@ -291,6 +296,17 @@ PRECONDITION = {"name": "precondition_verification", "description": "Checks the 
                 "eligibility rules) before calling a tool that changes the database."}
 COMPUTE = {"pattern": "compute_then_act", "write_tool": "send_certificate", "amount_argument": "amount",
            "unit": "night", "request": "compensate me"}
+
+
+def test_a_request_in_code_is_refused_by_the_model_and_the_grammar():
+    bad = {**GUARDED, "request": "calculate(total_baggages * 10)"}
+    with pytest.raises(ValidationError, match="request"):
+        parse_choice(bad, tools_of("telecom"))
+    import re
+
+    for alt in env_patterns.decode_schema(tools_of("telecom"))["anyOf"]:  # the grammar carries the pattern
+        pattern = alt["properties"]["request"]["pattern"]
+        assert re.match(pattern, "suspend my line") and not re.match(pattern, bad["request"])
 
 
 def test_a_pattern_from_another_family_is_a_misfit_that_names_the_fitting_one():
