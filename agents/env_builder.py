@@ -276,14 +276,15 @@ def write_spec(llm, capability: dict, target: Target, examples: list[str], feedb
 
 
 # ---------------------------------------------------------------- pattern mode (smaller still)
-def pattern_messages(capability: dict, target: Target, feedback: str | None, previous: str | None) -> list[dict]:
+def pattern_messages(capability: dict, target: Target, feedback: str | None, previous: str | None,
+                     patterns: list[str] | None = None) -> list[dict]:
     user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
             f"# Target benchmark: {target.name}\n## Its tools (name(arguments): description)\n"
             + "\n".join(tool_line(t["function"]) for t in target.tools))
     if previous is not None:  # findings last, nearest the answer
         user += (f"\n\n# Your previous choice\n{previous}\n# What the checks found (fix every one)\n{feedback}"
                  "\nChoose again: another pattern or other tools. Do not send the previous choice unchanged.")
-    system = prompts.load("env_builder_pattern", patterns=env_patterns.pattern_menu(target.tools))
+    system = prompts.load("env_builder_pattern", patterns=env_patterns.pattern_menu(target.tools, patterns))
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -293,14 +294,21 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
     under env_patterns.decode_schema (only bindings of the target's tools that expand); a choice that does not
     fit the tools (env_patterns.PatternError) goes back to the model like a validation error (a
     choice is a few dozen tokens, so one more try than spec mode costs little)."""
-    def expanded(choice) -> tuple[dict, dict]:
-        if why := env_patterns.misfit(capability, choice.root.pattern):
-            raise env_patterns.PatternError("pattern", why)
-        return choice.model_dump(), env_patterns.expand(choice.root, target.tools)
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
-    messages = pattern_messages(capability, target, feedback, previous)
+    grammar = env_patterns.decode_schema(target.tools)
+    patterns = env_patterns.offered(grammar)
+
+    def expanded(choice) -> tuple[dict, dict]:
+        if why := env_patterns.misfit(capability, choice.root.pattern, patterns):
+            raise env_patterns.PatternError("pattern", why)
+        try:
+            return choice.model_dump(), env_patterns.expand(choice.root, target.tools)
+        except (KeyError, TypeError) as err:  # a tool schema code cannot read: the model's to route around
+            raise env_patterns.PatternError("write_tool", f"code cannot expand this binding ({err!r}): choose "
+                                                          "other tools") from None
+    messages = pattern_messages(capability, target, feedback, previous, patterns)
     return _ask_builder("pattern choice", lambda: llm.structured(
-        messages, model, attempts, check=expanded, decode_schema=env_patterns.decode_schema(target.tools),
+        messages, model, attempts, check=expanded, decode_schema=grammar,
         **({"temperature": 0.7} if previous else {})))
 
 
@@ -380,10 +388,10 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     out = {**report.to_dict(), "repairs": repairs, "feedback": report.feedback() + (
         "\nCode already fixed these in the spec above (keep them): " + "; ".join(repairs) if repairs else "")}
     tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
-    origin = attempt_origin(env.parent)
+    origin = attempt.get("origin") or attempt_origin(env.parent)
     atomic_write_json(env.parent / "manifest.json", {
         "capability": capability["name"], "description": capability.get("description", ""), "target": target.name,
-        "round": attempt["round"], "origin": origin, **({"note": PATTERN_NOTE} if origin != "builder" else {}),
+        "round": attempt["round"], "origin": origin, **({"note": PATTERN_NOTE} if origin.startswith("pattern") else {}),
         "tools": tools, "passed": report.passed,
         "sha256": hashlib.sha256(code.encode()).hexdigest(),
         "calibration": {k: v for k, v in (report.calibration or {}).items() if k != "groups"} or None})
@@ -428,7 +436,8 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
         ldir = out / "library"
         if not (ldir / "env.py").is_file():
             atomic_write_text(ldir / "env.py", lib["path"].read_text())
-        lib_report = verify_attempt({"round": "library", "env": str(ldir / "env.py")}, capability, target, cfg,
+        lib_report = verify_attempt({"round": "library", "env": str(ldir / "env.py"), "origin": "library"},
+                                    capability, target, cfg,
                                     reviewer, base_policy)
         if lib_report["passed"]:
             log(f"{capability['name']}: builder failed {rnd} round(s); SUBSTITUTE: library environment "

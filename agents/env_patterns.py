@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import typing
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
@@ -54,12 +55,12 @@ PATTERNS = {
     "compute_then_act": "the user gives a count and a price per item; the agent must call write_tool with "
                         "the product as amount_argument. For numerical reasoning before acting.",
 }
-# words a capability of each pattern's family is described with (stems: "policies" -> "polic"); a
+# words a capability of each pattern's family is described with (compared by _stems); a
 # capability that names another family's words and none of its chosen pattern's is a misfit
 FAMILIES = {
     "lookup_then_act": "gather information look lookup find retrieve fetch identify read context before",
-    "guarded_action": "precondition policy eligibility eligible verify verification check rule allowed permission "
-                      "confirm refuse",
+    "guarded_action": "precondition policy policies eligibility eligible verify verification check rule allowed "
+                      "permission confirm refuse",
     "exact_arguments": "precision precise argument schema exact parameter format malformed",
     "multi_write": "multi step transaction complete completion every sequence through half",
     "compute_then_act": "numerical amount price total fee refund balance payment calculate compute math",
@@ -67,15 +68,19 @@ FAMILIES = {
 
 
 def _stems(text: str) -> set[str]:
+    """Each word's first six letters: "precondition(s)" and "eligibility" match, "policies" and
+    "policy" do not (the families list both forms where it matters). Strict on purpose: a looser
+    match let a lookup pattern pass for tool-call precision ("looked-up records")."""
     return {w[:6] for w in re.findall(r"[a-z]+", text.lower().replace("_", " ")) if len(w) > 2}
 
 
-def misfit(capability: dict, pattern: str) -> str | None:
+def misfit(capability: dict, pattern: str, patterns: list[str] | None = None) -> str | None:
     """Why `pattern` does not train this capability, by the words it is described with, or None. The
     1.5B chose compute_then_act for precondition_verification: an env that verifies but trains
-    something else. Only a clear misfit is one (no word of its family, some of another's)."""
+    something else. Only a clear misfit is one (no word of its family, some of another offered
+    pattern's: `patterns`, default all)."""
     words = _stems(f"{capability.get('name', '')} {capability.get('description', '')}")
-    shared = {p: len(words & _stems(family)) for p, family in FAMILIES.items()}
+    shared = {p: len(words & _stems(family)) for p, family in FAMILIES.items() if patterns is None or p in patterns}
     if shared.get(pattern) or not any(shared.values()):
         return None
     best = sorted((p for p in shared if shared[p]), key=lambda p: -shared[p])
@@ -84,7 +89,7 @@ def misfit(capability: dict, pattern: str) -> str | None:
 
 
 # plain words only: the 1.5B wrote "calculate(total_baggages * 10)" as the user's request
-Request = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9 ,.'-]+$", min_length=3, max_length=100, description="what the user asks for, "
+Request = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9 ,.'-]+$", description="what the user asks for, "
                                                                                        "in a few words, e.g. 'suspend my line'")]
 Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,29}$")]
 FieldName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,29}$", description="a record field, e.g. 'status'")]
@@ -215,8 +220,14 @@ def choice_model(tools: list[dict]) -> type[RootModel]:
         models.append(model("compute_then_act", write_tool=(Write, ...), amount_argument=(
             Literal[tuple(numeric)], Field(description="the write tool's number argument that gets the total")),
             unit=(Word, Field(description="what the user buys, counted, e.g. 'data pack'"))))
-    union = Annotated[Union[tuple(models)], Field(discriminator="pattern")]
+    union = Annotated[Union[tuple(models)], Field(discriminator="pattern")] if len(models) > 1 else models[0]
     return create_model("PatternChoice", __base__=RootModel[union])
+
+
+def pattern_models(model: type[RootModel]) -> tuple[type[BaseModel], ...]:
+    """The pattern models of a `choice_model` (one, or the union's members)."""
+    ann = model.model_fields["root"].annotation
+    return typing.get_args(ann) or (ann,)
 
 
 def choice_schema(tools: list[dict]) -> dict:
@@ -235,10 +246,10 @@ def decode_schema(tools: list[dict]) -> dict:
     each pattern split into one alternative per pair of tools that expands, each naming only the
     arguments that fit it. The 1.5B sent `revealed_argument: reservation_id` (the lookup's own key)
     three rounds running; here the grammar cannot write a binding code would refuse."""
-    loose = choice_schema(tools)
+    model = choice_model(tools)
     alternatives = []
-    for ref in loose["oneOf"]:
-        sub = loose["$defs"][ref["$ref"].split("/")[-1]]
+    for pattern in pattern_models(model):
+        sub = pattern.model_json_schema()
         props = sub["properties"]
         bound = [f for f in BOUND if f in props]
         if not bound:
@@ -249,14 +260,21 @@ def decode_schema(tools: list[dict]) -> dict:
             choice = {"pattern": props["pattern"]["const"], **_SAMPLE, **dict(zip(bound, values))}
             choice = {k: v for k, v in choice.items() if k in props}
             try:
-                expand(choice, tools)
-            except ValueError:
+                expand(model.model_validate(choice).root, tools)
+            except (ValueError, KeyError, TypeError):  # a binding code refuses (or a tool schema it cannot read)
                 continue
             pairs.setdefault(values[:-1], []).append(values[-1])
         for head, tails in pairs.items():  # one alternative per binding of all but the last bound field
             fixed = {f: {"const": v, "type": "string"} for f, v in zip(bound, head)}
             alternatives.append({**sub, "properties": {**props, **fixed, last: {**props[last], "enum": tails}}})
-    return {"title": loose.get("title", "PatternChoice"), "anyOf": alternatives}
+    if not alternatives:
+        raise PatternError("tools", "no pattern can be bound to this target's tools: use builder_mode spec or code")
+    return {"title": "PatternChoice", "anyOf": alternatives}
+
+
+def offered(schema: dict) -> list[str]:
+    """The patterns a `decode_schema` offers, in order."""
+    return list(dict.fromkeys(a["properties"]["pattern"]["const"] for a in schema["anyOf"]))
 
 
 def parse_choice(answer: str | dict, tools: list[dict]) -> BaseModel:
@@ -264,10 +282,13 @@ def parse_choice(answer: str | dict, tools: list[dict]) -> BaseModel:
     return choice_model(tools).model_validate(extract_json(answer) if isinstance(answer, str) else answer).root
 
 
-def pattern_menu(tools: list[dict]) -> str:
-    """The patterns this target offers, one line each with when to use it and its fields."""
+def pattern_menu(tools: list[dict], patterns: list[str] | None = None) -> str:
+    """The patterns this target offers (or those of `patterns`), one line each with when to use it
+    and its fields."""
     lines = []
-    for sub in choice_model(tools).model_fields["root"].annotation.__args__:
+    for sub in pattern_models(choice_model(tools)):
+        if patterns is not None and sub.model_fields["pattern"].annotation.__args__[0] not in patterns:
+            continue
         fields = [f for f in sub.model_fields if f != "pattern"]
         lines.append(f"- {sub.model_fields['pattern'].annotation.__args__[0]}: {sub.__doc__}\n"
                      f"  fields: {', '.join(fields)}")
@@ -299,7 +320,7 @@ class _Draft:
         for arg in [a for a in required if a not in out] + optional[:extra]:
             pool = value_pool(arg, self.fns[tool])
             if pool is None:
-                kind = (_type(props[arg], _params(self.fns[tool])[2]) or {}).get("type", "untyped")
+                kind = (_type(props.get(arg) or {}, _params(self.fns[tool])[2]) or {}).get("type", "untyped")
                 raise PatternError(where, f"{tool}'s argument {arg!r} ({kind}) is not one code can make values "
                                           "for: choose another tool")
             if f"stated_{arg}" not in self.task:

@@ -68,7 +68,10 @@ PY
     ;;
   envgrpo)  # envgrpo NAME ENV_PY STEPS SECONDS: GRPO of $MODEL on one built env (verified in Docker on the
             # CPU machine; here it runs in the subprocess backend); logs, curves and held-out results to $OUT
+    [ $# -ge 4 ] || { echo "usage: $0 envgrpo NAME ENV_PY STEPS [SECONDS]" >&2; exit 2; }
     source scripts/device_env.sh /nonexistent
+    rm -rf "/tmp/envgrpo-$2"   # a warm machine keeps /tmp: never resume an earlier run's checkpoints
+    set -o pipefail            # the training's exit status, not tee's
     timeout "${5:-400}" python3 -m trace_rl.graph.cli train "$3" --model "$MODEL" --preset paper --set steps="$4" \
       --set groups_per_step=2 --set learning_rate=1e-4 --heldout 16 --out "/tmp/envgrpo-$2" --name "$2" 2>&1 \
       | tee "$OUT/envgrpo-$2.log"

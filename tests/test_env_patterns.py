@@ -309,6 +309,29 @@ def test_a_request_in_code_is_refused_by_the_model_and_the_grammar():
         assert re.match(pattern, "suspend my line") and not re.match(pattern, bad["request"])
 
 
+def _tool(name, **args):
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {a: {"type": t} for a, t in args.items()}, "required": list(args)}}}
+
+
+def test_a_target_with_one_pattern_gets_a_menu_and_a_grammar_and_one_with_none_a_pattern_error():
+    one = [_tool("cancel_order", order_id="string", reason="string")]  # no lookup, no number: exact_arguments only
+    assert env_patterns.offered(env_patterns.decode_schema(one)) == ["exact_arguments"]
+    assert env_patterns.pattern_menu(one).startswith("- exact_arguments:")
+    assert parse_choice({"pattern": "exact_arguments", "write_tool": "cancel_order", "request": "cancel it"},
+                        one).write_tool == "cancel_order"
+    blob = [_tool("save_note", note={"type": "object"})]  # acts, but code can make no value for its argument
+    with pytest.raises(PatternError, match="builder_mode spec or code"):
+        env_patterns.decode_schema(blob)
+
+
+def test_a_misfit_only_points_at_patterns_the_target_offers():
+    refunds = {"name": "refund_totals", "description": "Works out refund amounts and totals."}
+    assert env_patterns.misfit(refunds, "exact_arguments")  # compute_then_act would fit...
+    # ...but a target without a number argument cannot offer it: the choice is left to the model
+    assert env_patterns.misfit(refunds, "exact_arguments", ["exact_arguments", "lookup_then_act"]) is None
+
+
 def test_a_pattern_from_another_family_is_a_misfit_that_names_the_fitting_one():
     why = env_patterns.misfit(PRECONDITION, "compute_then_act")
     assert why and "guarded_action" in why and "precondition_verification" in why

@@ -288,6 +288,8 @@ def test_a_library_substitute_is_marked_everywhere_or_refused(tmp_path, sandbox_
         assert not st.get("adapters") and "| synthesise | needs_human |" in md
         return
     assert env.source == "library:facts_lookup" and "facts_lookup" in env.substitute
+    envs_dir = next((tmp_path / "run").rglob("library/manifest.json"))
+    assert json.loads(envs_dir.read_text())["origin"] == "library"  # never "builder": it is hand-written
     assert st["adapters"]["lookup_before_answering"].trained_on.name == "facts_lookup"
     manifest = json.loads((tmp_path / "run" / "composition" / "manifest.json").read_text())
     assert manifest["adapters"] == ["facts_lookup"]  # named after what it trained on; the router reads that
