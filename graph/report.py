@@ -72,11 +72,13 @@ def stage_summary(s: dict) -> list[dict]:
             f"; {PATTERN_NOTE} ({env.source.split(':', 1)[1]})" if env.source.startswith("pattern:") else "") + (
             "; not calibrated (calibrate is off)" if env.env and not calibrated(env.env) else "")})
     a: AdapterRecord
-    for a in (s.get("adapters") or {}).values():
+    for cap, a in (s.get("adapters") or {}).items():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""
+        source = getattr((s.get("envs") or {}).get(cap), "source", "")
         rows.append({"stage": "train", "outcome": "untrained" if a.untrained else "produced",
                      "detail": f"{a.trained_on.name}: {a.steps} GRPO steps"
-                               + (" (weights never changed)" if a.untrained else "") + held})
+                               + (" (weights never changed)" if a.untrained else "") + held
+                               + (f"; on a {PATTERN_NOTE.split(':')[0]} env" if source.startswith("pattern:") else "")})
     if (t := s.get("target_adapter")) is not None:
         rows.append({"stage": "baseline", "outcome": "untrained" if t.untrained else "produced",
                      "detail": f"GRPO on the target ({t.trained_on.description}): {t.steps} steps"

@@ -288,6 +288,12 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert record.status == "verified" and record.source == "pattern:guarded_action"
     (row,) = [r for r in stage_summary({"envs": {cap["name"]: record}}) if r["stage"] == "synthesise"]
     assert PATTERN_NOTE in row["detail"] and "guarded_action" in row["detail"]
+    from trace_rl.core.records import AdapterRecord, TrainedOn
+
+    adapter = AdapterRecord(trained_on=TrainedOn(name=cap["name"], description=""), steps=4)
+    (row,) = [r for r in stage_summary({"envs": {cap["name"]: record}, "adapters": {cap["name"]: adapter}})
+              if r["stage"] == "train"]
+    assert "pattern-built env" in row["detail"]  # the trained row says what it trained on, too
     previous, _ = env_builder.previous_round(tmp_path, 2)
     assert json.loads(previous) == GUARDED  # a next round shows the model its choice, not code's spec
 
