@@ -319,7 +319,6 @@ def attempt_origin(adir: Path) -> str:
     return f"pattern:{json.loads(choice.read_text())['pattern']}" if choice.is_file() else "builder"
 
 
-
 def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
     return Path(out_dir) / f"attempt_{rnd:02d}"
 

@@ -9,10 +9,11 @@ JSON schemas (records, value pools, the task's text, the reference solution, the
 `expand` returns a spec that EnvSpec validates and sandbox/image/spec_env.py runs, checks and
 verifies like any other.
 
-The answer's schema is built per target (`choice_model`): tool and argument names are enums of
-the target's own, so a grammar-decoded answer names only real tools. What a grammar cannot say (a
-write tool that lacks the key argument, an argument code cannot make values for) is a PatternError
-naming the field and what to choose instead; it goes back to the model like a validation error.
+The answer's model is built per target (`choice_model`: tool and argument names are enums of the
+target's own), and the grammar it is decoded under (`decode_schema`) offers only the bindings of
+tools and arguments that code can expand. What neither can say (a pattern from another capability
+family, a binding made outside the grammar) is a PatternError naming the field and what to choose
+instead; it goes back to the model like a validation error.
 The model's answer is hostile data: its words are stripped of template braces and cut short.
 """
 from __future__ import annotations
@@ -230,11 +231,6 @@ def pattern_models(model: type[RootModel]) -> tuple[type[BaseModel], ...]:
     return typing.get_args(ann) or (ann,)
 
 
-def choice_schema(tools: list[dict]) -> dict:
-    """The JSON schema of an answer on this target, as `choice_model` validates it."""
-    return choice_model(tools).model_json_schema()
-
-
 # a stand-in for each free field, to try a binding of the tools before the model is offered it
 _SAMPLE = {"request": "do it", "condition_field": "status", "allowed_values": ["open"], "blocked_values": ["closed"],
            "unit": "item"}
@@ -242,7 +238,7 @@ BOUND = ("read_tool", "write_tool", "amount_argument", "revealed_argument")  # i
 
 
 def decode_schema(tools: list[dict]) -> dict:
-    """The schema the builder decodes under (llama.cpp's or xgrammar's grammar): `choice_schema`, with
+    """The schema the builder decodes under (llama.cpp's or xgrammar's grammar): `choice_model`'s, with
     each pattern split into one alternative per pair of tools that expands, each naming only the
     arguments that fit it. The 1.5B sent `revealed_argument: reservation_id` (the lookup's own key)
     three rounds running; here the grammar cannot write a binding code would refuse."""
@@ -287,10 +283,11 @@ def pattern_menu(tools: list[dict], patterns: list[str] | None = None) -> str:
     and its fields."""
     lines = []
     for sub in pattern_models(choice_model(tools)):
-        if patterns is not None and sub.model_fields["pattern"].annotation.__args__[0] not in patterns:
+        name = sub.model_fields["pattern"].annotation.__args__[0]
+        if patterns is not None and name not in patterns:
             continue
         fields = [f for f in sub.model_fields if f != "pattern"]
-        lines.append(f"- {sub.model_fields['pattern'].annotation.__args__[0]}: {sub.__doc__}\n"
+        lines.append(f"- {name}: {sub.__doc__}\n"
                      f"  fields: {', '.join(fields)}")
     return "\n".join(lines)
 

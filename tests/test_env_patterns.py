@@ -11,7 +11,12 @@ from pydantic import ValidationError
 from doubles import ScriptedLLM
 from test_spec_runtime import call, play, spec_env  # the runtime as the sandbox sees it
 from trace_rl.agents import env_patterns
-from trace_rl.agents.env_patterns import PatternError, choice_schema, expand, parse_choice
+from trace_rl.agents.env_patterns import PatternError, choice_model, expand, parse_choice
+
+
+def choice_schema(tools: list[dict]) -> dict:
+    """The JSON schema of an answer on this target, as `choice_model` validates it."""
+    return choice_model(tools).model_json_schema()
 
 
 @cache
