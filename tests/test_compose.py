@@ -103,6 +103,20 @@ def test_adapter_changed_tells_a_fresh_adapter_from_a_trained_one(tmp_path):
     assert not adapter_changed(tmp_path / "fresh") and adapter_changed(tmp_path / "trained")
 
 
+def test_an_adapter_with_nan_weights_is_diverged_not_unchanged(tmp_path):
+    """NaN > 0 is False: a plain "any B non-zero" check once reported a diverged adapter as untouched."""
+    from safetensors.torch import load_file, save_file
+
+    from trace_rl.training.grpo import DivergedAdapter, adapter_changed
+
+    saved_adapter(tiny_tokenizer(), tmp_path / "a", 1)
+    path = tmp_path / "a" / "adapter_model.safetensors"
+    weights = {k: torch.full_like(t, float("nan")) if "lora_B" in k else t for k, t in load_file(str(path)).items()}
+    save_file(weights, str(path))
+    with pytest.raises(DivergedAdapter, match="diverged"):
+        adapter_changed(tmp_path / "a")
+
+
 def test_a_composition_without_gate_examples_is_marked(tmp_path):
     from trace_rl.training.compose import gates_untrained
 

@@ -129,6 +129,40 @@ class HalfDeadBench(LetterBench):
         return ep
 
 
+class AlternatingBench(LetterBench):
+    """Every other episode scores 1 whatever the agent writes: every group carries a signal."""
+
+    def __init__(self):
+        super().__init__()
+        self.started = __import__("itertools").count()
+
+    def episode(self, task_id, hinted=False):
+        from trace_rl.evals.benchmark import Score
+
+        ep = super().episode(task_id, hinted)
+        won = next(self.started) % 2 == 1
+        ep.score = lambda termination: Score(float(won), won)
+        return ep
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped(tmp_path):
+    """One NaN gradient, clipped, makes every gradient NaN, and Adam would write NaN into every LoRA
+    weight: such a step is skipped and logged, and the adapter stays finite (here: untouched)."""
+    from trace_rl.training.grpo import adapter_changed
+
+    tok = tiny_tokenizer()
+    g = CapabilityGRPO(tiny_model(tok), tok, AlternatingBench(), ["1", "3"], tmp_path,
+                       PRESETS["tiny"].model_copy(update={"steps": 2}))
+    trainer = g.build()
+    first_a = next(p for n, p in trainer.model.named_parameters() if "lora_A" in n)
+    first_a.register_hook(lambda grad: grad * float("nan"))
+    res = g.train()
+    assert [r["skipped_no_signal"] for r in res.log] == [0.0, 0.0]  # the loss had a signal to follow
+    assert [r["skipped_nonfinite_grad"] for r in res.log] == [1.0, 1.0]
+    assert all(bool(torch.isfinite(p).all()) for n, p in trainer.model.named_parameters() if "lora_" in n)
+    assert not adapter_changed(res.adapter)
+
+
 def test_constant_groups_are_redrawn(tmp_path):
     tok = tiny_tokenizer()
     bench = HalfDeadBench()

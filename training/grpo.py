@@ -210,14 +210,39 @@ def kl_to_base(model, eps: list[TokenEpisode]) -> float:
 
 
 def _signal_only_trainer():
-    """trl's GRPOTrainer, except that a batch in which every group scored the same (all
-    advantages 0, no KL term) skips the forward/backward: its gradient is exactly zero, and an
-    optimizer step on it would only replay Adam's momentum. Weak base models on CPU produce such
-    batches often, and the loss is most of a step's time there. All processes decide together."""
+    """trl's GRPOTrainer with two guards of the optimizer step.
+
+    - A batch in which every group scored the same (all advantages 0, no KL term) skips the
+      forward/backward: its gradient is exactly zero, and a step on it would only replay Adam's
+      momentum. Weak base models produce such batches often, and the loss is most of a step's time.
+    - A step whose gradient is not finite is skipped (`skipped_nonfinite_grad`): clipping a NaN norm
+      turns every gradient into NaN and one Adam step then writes NaN into every LoRA weight, after
+      which the policy only emits garbage (seen on an H100 in bf16: grad_norm nan at step 3, then
+      every completion ran to the turn limit).
+    All processes decide together."""
     import torch
+    from transformers import TrainerCallback
     from trl import GRPOTrainer
 
+    class SkipNonFiniteStep(TrainerCallback):
+        def __init__(self, trainer):
+            self.trainer = trainer
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **_):
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            bad = float(any(not bool(torch.isfinite(g).all()) for g in grads))
+            bad = float(self.trainer.accelerator.reduce(torch.tensor(bad, device=self.trainer.accelerator.device),
+                                                        "sum")) > 0
+            self.trainer._metrics["train"]["skipped_nonfinite_grad"].append(float(bad))
+            if bad:  # torch's optimizers leave a parameter without a gradient untouched
+                for p in model.parameters():
+                    p.grad = None
+
     class SignalOnlyGRPOTrainer(GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.add_callback(SkipNonFiniteStep(self))
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.beta == 0.0:
                 adv = inputs["advantages"]
@@ -429,7 +454,14 @@ def adapter_changed(adapter_dir: str | Path) -> bool:
     lora_b = [t for k, t in load_file(str(path)).items() if "lora_B" in k]
     if not lora_b:
         raise ValueError(f"{path}: no lora_B weights; not a LoRA adapter")
+    if not all(bool(t.isfinite().all()) for t in lora_b):  # NaN > 0 is False: never read NaN as "unchanged"
+        raise DivergedAdapter(f"{path}: non-finite LoRA weights, the training diverged; train it again "
+                              "(grpo.learning_rate lower) — this adapter is not the base and not usable")
     return any(bool(t.abs().max() > 0) for t in lora_b)
+
+
+class DivergedAdapter(ValueError):
+    """An adapter whose weights hold NaN or inf: neither trained nor the base."""
 
 
 def plot_curve(log: list[dict], path: Path, title: str) -> None:
