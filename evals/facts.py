@@ -84,6 +84,15 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
             "turns": sum(m.get("role") == "assistant" for m in traj.messages)}
 
 
+def hollow_pass(traj: Trajectory) -> bool:
+    """A pass in which the agent did nothing: at most one opening message, no tool call. τ²-bench
+    passes such an episode when the task asks for no change and the user (simulator) ends the
+    conversation at once — the embedded 1.5B as user simulator wrote ###STOP### as its first turn in
+    9 of 13 airline episodes. It says nothing about what the agent can do, so it is no contrast."""
+    return traj.passed and not any(m.get("tool_calls") for m in traj.messages) and \
+        sum(m.get("role") == "assistant" for m in traj.messages) <= 1
+
+
 def render_facts(facts: dict) -> str:
     """The facts as the analyst reads them, under the trajectory."""
     lines = [f"facts: ended by {facts['termination']}, {facts['turns']} agent turns, tools used: "

@@ -191,8 +191,8 @@ class Pipeline:
         caps = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True,
                        tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
         out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
-        return {"capabilities": caps, "analysis": {k: out[k] for k in ("trajectories", "passed", "failed",
-                                                                        "labelling_runs")}}
+        return {"capabilities": caps, "analysis": {k: out.get(k) for k in ("trajectories", "passed", "failed",
+                                                                            "hollow_passes", "labelling_runs")}}
 
     def select(self, s: State) -> dict:
         from langgraph.types import interrupt
