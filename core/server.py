@@ -96,6 +96,11 @@ class ServerProcess:
         self.stop()
 
 
+def default_prompt_states() -> Path | None:
+    where = os.environ.get("TRACE_RL_PROMPT_STATES", "")
+    return None if where == "0" else Path(where).expanduser() if where else cache_dir() / "prompt-states"
+
+
 @dataclass
 class LlamaServer(ServerProcess):
     """llama.cpp's server for a local GGUF (through our entry point: it exits when we die)."""
@@ -104,9 +109,9 @@ class LlamaServer(ServerProcess):
     n_threads: int = max(1, os.cpu_count() or 1)
     chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
     lora: str | Path | None = None  # a GGUF LoRA (core.lora_gguf) applied on top of the model
-    # where long prompts' states are kept between servers (PromptStates); None (or $TRACE_RL_PROMPT_STATES=0): not kept
-    prompt_states: Path | None = field(default_factory=lambda: None if os.environ.get("TRACE_RL_PROMPT_STATES") == "0"
-                                       else cache_dir() / "prompt-states")
+    # where long prompts' states are kept between servers (PromptStates): $TRACE_RL_PROMPT_STATES if it names a
+    # folder, none if it is 0, else the cache's prompt-states/
+    prompt_states: Path | None = field(default_factory=default_prompt_states)
     prompt_state_min_tokens: int = 1024
 
     @property

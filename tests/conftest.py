@@ -3,7 +3,12 @@ import shutil
 
 import pytest
 
+from trace_rl.core.models import cache_dir
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# the servers tests start keep their prompt states apart from the user's (which tests never write or prune),
+# in a folder that outlives the session: a second test run restores τ²'s long prompt instead of reading it again
+os.environ.setdefault("TRACE_RL_PROMPT_STATES", str(cache_dir() / "prompt-states-tests"))
 
 
 def _docker_ok() -> bool:

@@ -43,7 +43,12 @@ def test_a_restored_prompt_state_gives_the_same_replies_and_a_torn_one_is_recomp
 @pytest.mark.ci
 def test_servers_keep_prompt_states_in_the_cache_unless_told_not_to(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACE_RL_CACHE", str(tmp_path))
+    monkeypatch.delenv("TRACE_RL_PROMPT_STATES", raising=False)
     assert LlamaServer("smollm2-135m").prompt_states == tmp_path / "prompt-states"
+    monkeypatch.setenv("TRACE_RL_PROMPT_STATES", str(tmp_path / "elsewhere"))
+    assert LlamaServer("smollm2-135m").prompt_states == tmp_path / "elsewhere"
+    monkeypatch.setenv("TRACE_RL_PROMPT_STATES", "0")
+    assert LlamaServer("smollm2-135m").prompt_states is None
     monkeypatch.undo()
     assert f"--prompt-states={tmp_path}" in LlamaServer("smollm2-135m", prompt_states=tmp_path).command()
     assert not any(a.startswith("--prompt-state") for a in LlamaServer("smollm2-135m", prompt_states=None).command())
