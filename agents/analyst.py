@@ -74,6 +74,14 @@ class AnalysisConfig(BaseModel):
 
 
 # ---------------------------------------------------------------- compaction
+def message_text(m: dict) -> str:
+    """One message as the analyst reads it (and as its quotes are checked against)."""
+    if m.get("tool_calls"):
+        return "CALL " + "; ".join(f"{c['function']['name']}({c['function'].get('arguments', '')})"
+                                   for c in m["tool_calls"])
+    return str(m.get("content") or "")
+
+
 def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str | None = None) -> str:
     """A deterministic text of one trajectory within `budget` characters: every message numbered
     by its step (its index in `traj.messages`, what evidence cites), the code-found facts first.
@@ -88,11 +96,7 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
             + (render_facts(facts)[:budget // 3] + "\n" if facts else ""))
 
     def render(step: int, m: dict, cap: int) -> str:
-        if m.get("tool_calls"):
-            body = "; ".join(f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m["tool_calls"])
-            body = f"CALL {body}"
-        else:
-            body = str(m.get("content") or "")
+        body = message_text(m)
         if len(body) > cap:
             body = body[: cap // 2] + f" [...{len(body) - cap} chars cut...] " + body[-cap // 2:]
         return f"[{step}] [{m['role']}] {body}"
@@ -249,21 +253,28 @@ def _normal(text: str) -> str:
 
 
 def evidence_ok(item: LabelItem, traj: Trajectory, facts: dict | None) -> bool:
-    """Does the cited evidence check? A quote must occur in the trajectory (case and spacing aside):
-    at its step, or else at another step, which then becomes the label's step (`cited_step` keeps
-    the model's: small models miscount steps but copy text well; a quote found nowhere is made up).
+    """Does the cited evidence check? A quote must occur in the trajectory as the analyst was shown it
+    (case and spacing aside; a copied "[step] [role]" prefix gives the step, a copied fact line the
+    fact): at its step, or else at
+    another step, which then becomes the label's step (`cited_step` keeps the model's: small models
+    miscount steps but copy text well; a quote found nowhere is made up).
     A fact must be one code found in this trajectory, and only a LACKING label may cite one."""
     if item.label is Label.NA:
         return True
+    quote = item.quote.strip().strip('"\'')
+    if (line := re.match(r"fact (\w+) at step", quote)) and not item.fact:  # a fact line copied as the quote
+        item.fact = line.group(1)
     if item.fact and item.label is Label.LACKING and (facts or {}).get(item.fact):
         return True
-    quote = _normal(item.quote.strip().strip('"\''))
+    if line := re.match(r"\[(\d+)\]\s*\[\w+\]\s*(.*)$", quote, re.S):  # the whole line copied, step number and all
+        item.step = int(line.group(1)) if item.step is None else item.step
+        quote = line.group(2)
+    quote = _normal(quote)
     if not 3 <= len(quote) <= 300:
         return False
 
-    def shows(m: dict) -> bool:
-        return quote in _normal(str(m.get("content") or "") + " " + " ".join(
-            f"{c['function']['name']}({c['function'].get('arguments', '')})" for c in m.get("tool_calls") or []))
+    def shows(m: dict) -> bool:  # the text the analyst was shown, or the message's own text
+        return quote in _normal(message_text(m)) or quote in _normal(str(m.get("content") or ""))
     if item.step is not None and 0 <= item.step < len(traj.messages) and shows(traj.messages[item.step]):
         return True
     found = [k for k, m in enumerate(traj.messages) if shows(m)]

@@ -369,3 +369,26 @@ def test_hollow_passes_are_left_out_of_the_contrast_and_listed(tmp_path):
     assert not res.kept and res.status == "NO_CONTRAST"
     with pytest.raises(ValueError, match="hollow passes"):
         analyze(hollow, ScriptedLLM([]), tmp_path / "b", AnalysisConfig(n_runs=1, k=1), progress=False)
+
+
+def test_a_quote_copied_as_the_analyst_saw_it_checks():
+    """The 1.5B on τ² telecom quoted tool calls as shown ("CALL done({})", with no step) in 1,166 of
+    1,443 LACKING labels; the check once matched another rendering and made every one of them NA."""
+    from trace_rl.agents.analyst import LabelItem, evidence_ok
+
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "done", "arguments": "{}"}}]}
+    t = Trajectory(task_id="t", benchmark="b", trial=0, model="m", passed=False, reward=0.0, termination="agent_stop",
+                   messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "Solve it."}, call])
+    shown = compact(t, 2000)
+    assert "[2] [assistant] CALL done({})" in shown
+    for quote, step in [("CALL done({})", None), ("done({})", 2), ("[2] [assistant] CALL done({})", None)]:
+        item = LabelItem(trajectory=t.key, capability="c", label="LACKING", step=step, quote=quote)
+        assert evidence_ok(item, t, {}) and item.step == 2, quote
+    made_up = LabelItem(trajectory=t.key, capability="c", label="LACKING", step=None, quote="CALL refuel_data({})")
+    assert not evidence_ok(made_up, t, {})
+    facts = {"no_tool_calls": [], "repeated_calls": [{"step": 2, "detail": "done({})"}]}
+    fact_line = LabelItem(trajectory=t.key, capability="c", label="LACKING", quote="fact repeated_calls at step 2: done")
+    assert evidence_ok(fact_line, t, facts) and fact_line.fact == "repeated_calls"
+    not_found = LabelItem(trajectory=t.key, capability="c", label="LACKING", quote="fact no_tool_calls at step 2: x")
+    assert not evidence_ok(not_found, t, facts)
