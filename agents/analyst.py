@@ -28,7 +28,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.core.llm import LLM, ReplyError, StructuredOutputError
 from trace_rl.core.records import CapabilityRecord
 from trace_rl.core.trajectory import Trajectory
-from trace_rl.evals.facts import FACTS, facts_summary, hollow_pass, render_facts, trajectory_facts
+from trace_rl.evals.facts import FACTS, facts_summary, hollow, render_facts, trajectory_facts
 
 EPS = 1e-9  # thresholds are inclusive: Cov = 0.10 exactly passes ρ = 0.10
 
@@ -552,8 +552,8 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
             progress: bool = True, tools: list[dict] | None = None, labeller: LLM | None = None) -> list[CapabilityRecord]:
     """Run discovery (or reuse candidates.json), labelling (cached) and aggregation. `tools`: the
     target's tool schemas, for the code-found facts the analyst reads and cites (evals/facts.py).
-    `labeller`: the model that labels (default: `llm`, which always discovers). Hollow passes (the
-    agent did nothing and passed) are left out and listed in capabilities.json.
+    `labeller`: the model that labels (default: `llm`, which always discovers). Hollow episodes (the
+    user simulator ended them before the agent acted) are left out and listed in capabilities.json.
 
     Writes facts.json, candidates.json, labels/run_XX(_evidence).json, capabilities.json, cov_delta.png."""
     cfg = cfg or AnalysisConfig()
@@ -561,11 +561,11 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     out.mkdir(parents=True, exist_ok=True)
     if not trajs:
         raise ValueError("no trajectories to analyse: run the rollout stage first")
-    hollow = [t.key for t in trajs if hollow_pass(t)]
-    trajs = [t for t in trajs if not hollow_pass(t)]
+    left_out = [t.key for t in trajs if hollow(t)]
+    trajs = [t for t in trajs if not hollow(t)]
     if not trajs:
-        raise ValueError(f"all {len(hollow)} trajectories are hollow passes (the agent did nothing, the user ended "
-                         "the conversation): nothing to analyse; check the user simulator")
+        raise ValueError(f"all {len(left_out)} trajectories are hollow (the user simulator ended them before the "
+                         "agent acted): nothing to analyse; check the user simulator")
     t0 = time.perf_counter()
     labeller = labeller or llm
     models = list({id(m): m for m in (llm, labeller)}.values())
@@ -591,7 +591,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
-        "passed": sum(t.passed for t in trajs), "hollow_passes": hollow,
+        "passed": sum(t.passed for t in trajs), "hollow": left_out,
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
                             "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name, "labeller": labeller.name},

@@ -84,12 +84,12 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
             "turns": sum(m.get("role") == "assistant" for m in traj.messages)}
 
 
-def hollow_pass(traj: Trajectory) -> bool:
-    """A pass in which the agent did nothing: at most one opening message, no tool call. τ²-bench
-    passes such an episode when the task asks for no change and the user (simulator) ends the
-    conversation at once — the embedded 1.5B as user simulator wrote ###STOP### as its first turn in
-    9 of 13 airline episodes. It says nothing about what the agent can do, so it is no contrast."""
-    return traj.passed and not any(m.get("tool_calls") for m in traj.messages) and \
+def hollow(traj: Trajectory) -> bool:
+    """An episode the user (simulator) ended before the agent did anything: at most one opening
+    message, no tool call. τ²-bench passes one when the task asks for no change: the embedded 1.5B
+    as user simulator wrote ###STOP### as its first turn in all 13 airline episodes that finished
+    in one GPU call, and 9 of them passed. Passed or failed, it shows nothing about the agent."""
+    return traj.termination == "user_stop" and not any(m.get("tool_calls") for m in traj.messages) and \
         sum(m.get("role") == "assistant" for m in traj.messages) <= 1
 
 

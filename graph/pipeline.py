@@ -192,7 +192,7 @@ class Pipeline:
                        tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
         out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
         return {"capabilities": caps, "analysis": {k: out.get(k) for k in ("trajectories", "passed", "failed",
-                                                                            "hollow_passes", "labelling_runs")}}
+                                                                            "hollow", "labelling_runs")}}
 
     def select(self, s: State) -> dict:
         from langgraph.types import interrupt

@@ -57,7 +57,7 @@ def stage_summary(s: dict) -> list[dict]:
     runs = (s.get("analysis") or {}).get("labelling_runs") or []
     unl = ", ".join(f"{r['unlabelled']}/{r['pairs']}" + (f" (+{r['unverified']} unverified)" if r.get("unverified")
                                                         else "") + ("" if r["reliable"] else " unreliable") for r in runs)
-    hollow = (s.get("analysis") or {}).get("hollow_passes") or []
+    hollow = (s.get("analysis") or {}).get("hollow") or []
     kept = [c.name for c in caps if c.kept]
     forced = [c.name for c in caps if c.below_threshold]
     if caps:
@@ -65,8 +65,8 @@ def stage_summary(s: dict) -> list[dict]:
                      "detail": f"{len(caps)} candidates, kept: {', '.join(kept) or 'none'}"
                                + (f"; trained below threshold (train_unkept): {', '.join(forced)}" if forced else "")
                                + (f"; unlabelled pairs per run: {unl}" if unl else "")
-                               + (f"; {len(hollow)} hollow passes left out (the agent did nothing, the user "
-                                  "ended the conversation)" if hollow else "")})
+                               + (f"; {len(hollow)} hollow episodes left out (the user simulator ended them "
+                                  "before the agent acted)" if hollow else "")})
     env: EnvRecord
     for name, env in (s.get("envs") or {}).items():
         outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status

@@ -351,23 +351,24 @@ def test_a_labelling_call_asks_no_more_pairs_than_its_answer_can_hold():
     assert [len(b) for b in batches] == [6, 6, 6, 6, 3] and sum(batches, []) == trajs
 
 
-def test_hollow_passes_are_left_out_of_the_contrast_and_listed(tmp_path):
-    """A 'pass' where the agent did nothing (the user simulator stopped at once) is no PRESENT evidence:
-    with three of them the gap below would have a contrast; without them it has none."""
-    hollow = [Trajectory(task_id=f"h{i}", benchmark="b", trial=0, model="m", passed=True, reward=1.0,
-                         termination="user_stop", messages=[{"role": "system", "content": "sys"},
-                                                            {"role": "assistant", "content": "m0 x"},
-                                                            {"role": "user", "content": "###STOP###"}])
-              for i in range(3)]
+def test_hollow_episodes_are_left_out_of_the_contrast_and_listed(tmp_path):
+    """An episode the user simulator ended before the agent acted is no evidence either way: with these
+    three 'passes' counted the gap below would have its contrast; left out, it has none."""
+    def ended_by_user(i, passed):
+        return Trajectory(task_id=f"h{i}", benchmark="b", trial=0, model="m", passed=passed, reward=float(passed),
+                          termination="user_stop", messages=[{"role": "system", "content": "sys"},
+                                                             {"role": "assistant", "content": "m0 x"},
+                                                             {"role": "user", "content": "###STOP###"}])
+    hollow = [ended_by_user(i, passed=i < 3) for i in range(4)]
     trajs = [traj(i, passed=False) for i in range(6)] + hollow
     _write_candidates(tmp_path, _caps("lookup_before_acting"))
     (res,) = analyze(trajs, ScriptedLLM(_labelling_script(set())), tmp_path, AnalysisConfig(n_runs=2, k=2),
                      progress=False)
     saved = json.loads((tmp_path / "capabilities.json").read_text())
-    assert sorted(saved["hollow_passes"]) == sorted(t.key for t in hollow)
+    assert sorted(saved["hollow"]) == sorted(t.key for t in hollow)
     assert saved["trajectories"] == 6 and saved["passed"] == 0
     assert not res.kept and res.status == "NO_CONTRAST"
-    with pytest.raises(ValueError, match="hollow passes"):
+    with pytest.raises(ValueError, match="hollow"):
         analyze(hollow, ScriptedLLM([]), tmp_path / "b", AnalysisConfig(n_runs=1, k=1), progress=False)
 
 
