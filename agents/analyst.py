@@ -567,6 +567,12 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         raise ValueError(f"all {len(left_out)} trajectories are hollow (the user simulator ended them before the "
                          "agent acted): nothing to analyse; check the user simulator")
     t0 = time.perf_counter()
+    # with fewer passed trajectories than a contrast needs, no run can pass and the N runs would only
+    # repeat one another: one run measures each candidate's coverage (to rank them), and says so
+    n_passed = sum(t.passed for t in trajs)
+    no_contrast = (f"no_contrast: {n_passed} passed trajectories, fewer than min_passed={cfg.min_passed}; one "
+                   f"labelling run of {cfg.n_runs} made, for coverage only") if n_passed < cfg.min_passed else ""
+    label_cfg = cfg.model_copy(update={"n_runs": 1, "k": 1}) if no_contrast else cfg
     labeller = labeller or llm
     models = list({id(m): m for m in (llm, labeller)}.values())
     usage0 = [m.usage.as_dict() for m in models]
@@ -579,19 +585,21 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         else:
             caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-        runs = label_runs(labeller, trajs, caps, cfg, LabelCache(out / "labels"), progress, facts)
+        runs = label_runs(labeller, trajs, caps, label_cfg, LabelCache(out / "labels"), progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
         atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
                                                         "reply": getattr(err, "reply", "")})
         raise AnalystError(f"{str(err).splitlines()[0][:300]} (the model's last reply: {out / 'analyst_error.json'})",
                            getattr(err, "reply", "")) from None
     outcome = {t.key: t.passed for t in trajs}
-    results = aggregate(caps, runs, outcome, cfg)
+    results = aggregate(caps, runs, outcome, label_cfg)
+    if no_contrast:
+        results = [r.model_copy(update={"status": "NO_CONTRAST", "reason": no_contrast}) for r in results]
     usage = {k: sum(m.usage.as_dict()[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
     pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
-        "passed": sum(t.passed for t in trajs), "hollow": left_out,
+        "passed": n_passed, "hollow": left_out, "no_contrast": no_contrast,
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
                             "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name, "labeller": labeller.name},

@@ -192,7 +192,8 @@ class Pipeline:
                        tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
         out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
         return {"capabilities": caps, "analysis": {k: out.get(k) for k in ("trajectories", "passed", "failed",
-                                                                            "hollow", "labelling_runs")}}
+                                                                            "hollow", "no_contrast",
+                                                                            "labelling_runs")}}
 
     def select(self, s: State) -> dict:
         from langgraph.types import interrupt

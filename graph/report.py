@@ -54,10 +54,11 @@ def stage_summary(s: dict) -> list[dict]:
         rows.append({"stage": "rollout", "outcome": "produced",
                      "detail": f"{figs['episodes']} episodes of {figs['model']}, {figs['passed']} passed"})
     caps: list[CapabilityRecord] = s.get("capabilities") or []
-    runs = (s.get("analysis") or {}).get("labelling_runs") or []
+    analysis = s.get("analysis") or {}
+    runs = analysis.get("labelling_runs") or []
     unl = ", ".join(f"{r['unlabelled']}/{r['pairs']}" + (f" (+{r['unverified']} unverified)" if r.get("unverified")
                                                         else "") + ("" if r["reliable"] else " unreliable") for r in runs)
-    hollow = (s.get("analysis") or {}).get("hollow") or []
+    hollow = analysis.get("hollow") or []
     kept = [c.name for c in caps if c.kept]
     forced = [c.name for c in caps if c.below_threshold]
     if caps:
@@ -66,7 +67,8 @@ def stage_summary(s: dict) -> list[dict]:
                                + (f"; trained below threshold (train_unkept): {', '.join(forced)}" if forced else "")
                                + (f"; unlabelled pairs per run: {unl}" if unl else "")
                                + (f"; {len(hollow)} hollow episodes left out (the user simulator ended them "
-                                  "before the agent acted)" if hollow else "")})
+                                  "before the agent acted)" if hollow else "")
+                               + (f"; {analysis['no_contrast']}" if analysis.get("no_contrast") else "")})
     env: EnvRecord
     for name, env in (s.get("envs") or {}).items():
         outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status

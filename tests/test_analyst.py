@@ -393,3 +393,17 @@ def test_a_quote_copied_as_the_analyst_saw_it_checks():
     assert evidence_ok(fact_line, t, facts) and fact_line.fact == "repeated_calls"
     not_found = LabelItem(trajectory=t.key, capability="c", label="LACKING", quote="fact no_tool_calls at step 2: x")
     assert not evidence_ok(not_found, t, facts)
+
+
+def test_without_enough_passed_trajectories_one_labelling_run_ranks_the_candidates(tmp_path):
+    """No run can pass K-of-N without a contrast, so N runs would only repeat one another: one run
+    is made, for coverage (what `train_unkept` ranks by), and the record says why."""
+    trajs = [traj(i, passed=i < 2) for i in range(8)]  # 2 passed < min_passed 3
+    _write_candidates(tmp_path, _caps("lookup_before_acting"))
+    (res,) = analyze(trajs, ScriptedLLM(_labelling_script(set())), tmp_path, AnalysisConfig(n_runs=5, k=4),
+                     progress=False)
+    saved = json.loads((tmp_path / "capabilities.json").read_text())
+    assert len(saved["labelling_runs"]) == 1 and res.n_runs == 1 and saved["config"]["n_runs"] == 5
+    assert "2 passed trajectories" in saved["no_contrast"] and res.reason == saved["no_contrast"]
+    assert res.status == "NO_CONTRAST" and not res.kept and res.cov_mean == 1.0
+    assert sorted(p.name for p in (tmp_path / "labels").glob("run_??.json")) == ["run_00.json"]
