@@ -593,8 +593,9 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
                            getattr(err, "reply", "")) from None
     outcome = {t.key: t.passed for t in trajs}
     results = aggregate(caps, runs, outcome, label_cfg)
-    if no_contrast:
-        results = [r.model_copy(update={"status": "NO_CONTRAST", "reason": no_contrast}) for r in results]
+    if no_contrast:  # Δ = ER⁻ − 0 means nothing without passed ones: the widest failure comes first
+        results = sorted((r.model_copy(update={"status": "NO_CONTRAST", "reason": no_contrast}) for r in results),
+                         key=lambda r: -r.cov_mean)
     usage = {k: sum(m.usage.as_dict()[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
     pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {

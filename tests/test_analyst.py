@@ -402,6 +402,25 @@ def test_without_enough_passed_trajectories_one_labelling_run_ranks_the_candidat
     _write_candidates(tmp_path, _caps("lookup_before_acting"))
     (res,) = analyze(trajs, ScriptedLLM(_labelling_script(set())), tmp_path, AnalysisConfig(n_runs=5, k=4),
                      progress=False)
+    # ranked by coverage, not by Δ (which is ER⁻ alone here): narrow_gap is LACKING in 1 of 6 failed
+    # (Δ 1.0), wide_gap in 4 of 6 and PRESENT in 2 (Δ 0.67)
+    seen = {"narrow_gap": 0, "wide_gap": 0}
+
+    def script(messages, tools):
+        items = []
+        for k, outcome in re.findall(r"### trajectory (\S+)\noutcome: (PASSED|FAILED)", messages[1]["content"]):
+            for cap in seen:
+                label = "NA"
+                if outcome == "FAILED":
+                    seen[cap] += 1
+                    label = ("LACKING" if seen[cap] <= 4 else "PRESENT") if cap == "wide_gap" else \
+                        ("LACKING" if seen[cap] == 1 else "NA")
+                items.append({"trajectory": k, "capability": cap, "label": label, "step": 1, "quote": "m0 x"})
+        return labels_answer(items)
+    _write_candidates(tmp_path / "two", _caps("narrow_gap", "wide_gap"))
+    ranked = analyze(trajs, ScriptedLLM(script), tmp_path / "two", AnalysisConfig(n_runs=5, k=4), progress=False)
+    assert [(r.name, round(r.cov_mean, 2), round(r.delta_mean, 2)) for r in ranked] == [
+        ("wide_gap", 0.67, 0.67), ("narrow_gap", 0.17, 1.0)]
     saved = json.loads((tmp_path / "capabilities.json").read_text())
     assert len(saved["labelling_runs"]) == 1 and res.n_runs == 1 and saved["config"]["n_runs"] == 5
     assert "2 passed trajectories" in saved["no_contrast"] and res.reason == saved["no_contrast"]
