@@ -291,11 +291,12 @@ def pattern_messages(capability: dict, target: Target, feedback: str | None, pre
 def write_pattern(llm, capability: dict, target: Target, feedback=None, previous=None,
                   attempts: int = 3) -> tuple[dict, dict]:
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
-    under env_patterns.decode_schema (only bindings of the target's tools that expand); a choice that does not
+    under env_patterns.decode_schema (only bindings of the target's tools that expand, only patterns that fit
+    the capability: env_patterns.fitting); a choice that does not
     fit the tools (env_patterns.PatternError) goes back to the model like a validation error (a
     choice is a few dozen tokens, so one more try than spec mode costs little)."""
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
-    grammar = env_patterns.decode_schema(target.tools)
+    grammar = env_patterns.fitting(capability, env_patterns.decode_schema(target.tools))
     patterns = env_patterns.offered(grammar)
 
     def expanded(choice) -> tuple[dict, dict]:

@@ -273,6 +273,15 @@ def offered(schema: dict) -> list[str]:
     return list(dict.fromkeys(a["properties"]["pattern"]["const"] for a in schema["anyOf"]))
 
 
+def fitting(capability: dict, schema: dict) -> dict:
+    """`schema` offering only the patterns that can train this capability (no `misfit`), or all of them
+    when none is a clear fit. Told the misfit, the 1.5B still chose compute_then_act for telecom's
+    precondition_verification in 9 of 9 tries over 3 rounds: what code can decide, the grammar decides."""
+    names = offered(schema)
+    keep = [p for p in names if not misfit(capability, p, names)]
+    return {**schema, "anyOf": [a for a in schema["anyOf"] if a["properties"]["pattern"]["const"] in keep]}
+
+
 def parse_choice(answer: str | dict, tools: list[dict]) -> BaseModel:
     """The builder's answer (its text, or the parsed JSON) as a validated choice; ValueError otherwise."""
     return choice_model(tools).model_validate(extract_json(answer) if isinstance(answer, str) else answer).root

@@ -285,7 +285,8 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert json.loads((adir / "builder_choice.json").read_text()) == GUARDED  # what the model wrote
     assert json.loads((adir / "spec.json").read_text()) == expand(GUARDED, tools)  # what code made of it
     assert "class Env(SpecEnv)" in (adir / "env.py").read_text()
-    assert builder.formats[0]["schema"] == env_patterns.decode_schema(tools)  # decoded under the per-target grammar
+    # decoded under the per-target grammar, with the patterns that fit the capability
+    assert builder.formats[0]["schema"] == env_patterns.fitting(cap, env_patterns.decode_schema(tools))
     assert "get_customer_by_id" in builder.requests[1][-1]["content"]  # the misfit's error went back
     assert "guarded_action" in builder.requests[0][0]["content"] and "suspend_line(" in builder.requests[0][1]["content"]
     manifest = json.loads((adir / "manifest.json").read_text())
@@ -364,6 +365,24 @@ def test_a_misfit_choice_goes_back_to_the_builder_in_the_same_round():
     choice, spec = write_pattern(builder, PRECONDITION, target)
     assert choice == guarded and spec == expand(guarded, target.tools)
     assert "does not train precondition_verification" in builder.requests[1][-1]["content"]
+
+
+def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
+    """Told the misfit, the 1.5B chose compute_then_act for telecom's precondition_verification 9 times
+    in 3 rounds: the grammar and the menu now offer only the fitting families; a capability in none of
+    the families' words still gets every pattern the tools allow."""
+    from trace_rl.agents.env_builder import Target, write_pattern
+
+    target = Target("tau2:airline", tools_of("airline"), "Be nice.", "")
+    builder = RecordingLLM([json.dumps(CHOICES[3][1])])
+    write_pattern(builder, PRECONDITION, target)
+    offered = {a["properties"]["pattern"]["const"] for a in builder.formats[0]["schema"]["anyOf"]}
+    assert offered == {"guarded_action", "lookup_then_act"}  # "preconditions", "eligibility"; "before"
+    assert "- guarded_action:" in builder.requests[0][0]["content"]
+    assert "- compute_then_act:" not in builder.requests[0][0]["content"]
+    everything = env_patterns.decode_schema(target.tools)
+    polite = {"name": "politeness", "description": "Greets the user warmly."}
+    assert env_patterns.fitting(polite, everything) == everything
 
 
 @pytest.mark.docker
