@@ -231,6 +231,9 @@ def pattern_models(model: type[RootModel]) -> tuple[type[BaseModel], ...]:
     return typing.get_args(ann) or (ann,)
 
 
+# what a guarded_action's condition may be on (the env makes the field up): the 1.5B named the lookup's
+# own key, customer_id, in 9 of 9 tries over 3 rounds though each refusal said "name a field like 'status'"
+CONDITION_FIELDS = ("status", "plan", "tier", "state", "level", "category", "membership", "region")
 # a stand-in for each free field, to try a binding of the tools before the model is offered it
 _SAMPLE = {"request": "do it", "condition_field": "status", "allowed_values": ["open"], "blocked_values": ["closed"],
            "unit": "item"}
@@ -265,6 +268,13 @@ def decode_schema(tools: list[dict]) -> dict:
             alternatives.append({**sub, "properties": {**props, **fixed, last: {**props[last], "enum": tails}}})
     if not alternatives:
         raise PatternError("tools", "no pattern can be bound to this target's tools: use builder_mode spec or code")
+    fns = _fn(tools)
+    for alt in alternatives:  # the guard's field is made up for the env: any name but the lookup's key
+        props = alt["properties"]
+        if "condition_field" in props:
+            key = _lookup(fns, props["read_tool"]["const"])[1]
+            props["condition_field"] = {**props["condition_field"], "enum": [f for f in CONDITION_FIELDS if f != key]}
+            props["condition_field"].pop("pattern", None)
     return {"title": "PatternChoice", "anyOf": alternatives}
 
 

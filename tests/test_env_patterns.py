@@ -256,6 +256,27 @@ def test_the_decode_grammar_refuses_the_binding_the_1_5b_sent_three_rounds_runni
     llama_grammar.LlamaGrammar.from_string(llama_grammar.json_schema_to_gbnf(json.dumps(schema)), verbose=False)
 
 
+def test_the_decode_grammar_never_offers_the_lookups_key_as_the_guards_field():
+    """The 1.5B guarded suspend_line on customer_id, the record's own key, 9 times in 3 rounds; every
+    name the grammar offers instead expands."""
+    from trace_rl.agents.env_patterns import CONDITION_FIELDS
+
+    tools = tools_of("telecom")
+    guards = [a["properties"] for a in env_patterns.decode_schema(tools)["anyOf"]
+              if a["properties"]["pattern"]["const"] == "guarded_action"]
+    assert guards and all(set(g["condition_field"]["enum"]) <= set(CONDITION_FIELDS) for g in guards)
+    by_id = next(g for g in guards if g["read_tool"]["const"] == "get_customer_by_id")
+    assert "customer_id" not in by_id["condition_field"]["enum"]
+    for field in by_id["condition_field"]["enum"]:
+        expand({"pattern": "guarded_action", "read_tool": "get_customer_by_id", "write_tool": "suspend_line",
+                "condition_field": field, "allowed_values": ["active"], "blocked_values": ["closed"],
+                "request": "suspend my line"}, tools)
+    with pytest.raises(PatternError, match="condition_field"):
+        expand({"pattern": "guarded_action", "read_tool": "get_customer_by_id", "write_tool": "suspend_line",
+                "condition_field": "customer_id", "allowed_values": ["a"], "blocked_values": ["b"],
+                "request": "suspend my line"}, tools)
+
+
 # ---------------------------------------------------------------- the builder in pattern mode
 class RecordingLLM(ScriptedLLM):
     """A scripted builder that also keeps each request's response_format."""
