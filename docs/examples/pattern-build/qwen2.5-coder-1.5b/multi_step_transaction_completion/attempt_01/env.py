@@ -1,11 +1,27 @@
 """A spec-built environment: the data below, run by spec_env.SpecEnv (sandbox/image/spec_env.py)."""
 from spec_env import SpecEnv
 
-SPEC = {'name': 'lookup_then_act',
- 'entities': {'user': {'count': [3, 6],
-                       'fields': {'email': {'type': 'id', 'pattern': 'user{n:04d}@example.com'},
-                                  'order_id': {'type': 'id', 'pattern': 'O{n:04d}'}}}},
- 'task': {'record': {'type': 'pick', 'entity': 'user'},
+SPEC = {'name': 'multi_write',
+ 'entities': {'order': {'count': [3, 6], 'fields': {'order_id': {'type': 'id', 'pattern': 'O{n:04d}'}}}},
+ 'task': {'record': {'type': 'pick', 'entity': 'order'},
+          'stated_reason': {'type': 'choice',
+                            'values': ['reason_1042',
+                                       'reason_2387',
+                                       'reason_3719',
+                                       'reason_4560',
+                                       'reason_5823']},
+          'stated_item_ids': {'type': 'choice',
+                              'values': [['item_ids_1042'],
+                                         ['item_ids_2387'],
+                                         ['item_ids_1042', 'item_ids_3719'],
+                                         ['item_ids_2387', 'item_ids_4560']]},
+          'stated_new_item_ids': {'type': 'choice',
+                                  'values': [['new_item_ids_1042'],
+                                             ['new_item_ids_2387'],
+                                             ['new_item_ids_1042', 'new_item_ids_3719'],
+                                             ['new_item_ids_2387', 'new_item_ids_4560']]},
+          'stated_payment_method_id': {'type': 'choice',
+                                       'values': ['PM1042', 'PM2387', 'PM3719', 'PM4560', 'PM5823']},
           'stated_address1': {'type': 'choice',
                               'values': ['address1_1042',
                                          'address1_2387',
@@ -30,17 +46,34 @@ SPEC = {'name': 'lookup_then_act',
                                         'country_5823']},
           'stated_zip': {'type': 'choice',
                          'values': ['zip_1042', 'zip_2387', 'zip_3719', 'zip_4560', 'zip_5823']}},
- 'tools': {'find_user_id_by_email': {'kind': 'read', 'entity': 'user', 'arg': 'email', 'field': 'email'},
+ 'tools': {'cancel_pending_order': {'kind': 'update',
+                                    'entity': 'order',
+                                    'arg': 'order_id',
+                                    'field': 'order_id'},
+           'exchange_delivered_order_items': {'kind': 'update',
+                                              'entity': 'order',
+                                              'arg': 'order_id',
+                                              'field': 'order_id'},
            'modify_pending_order_address': {'kind': 'update',
-                                            'entity': 'user',
+                                            'entity': 'order',
                                             'arg': 'order_id',
                                             'field': 'order_id'}},
- 'system_prompt': 'You are a customer service agent. Use the tools to do what the user asks, then tell them.',
- 'user_message': 'Find user ID by email and modify the shipping address of order 12345. My email is '
-                 '{task.record.email}. My address1 is {task.stated_address1}. My address2 is '
-                 '{task.stated_address2}. My city is {task.stated_city}. My state is {task.stated_state}. My '
-                 'country is {task.stated_country}. My zip is {task.stated_zip}.',
- 'reference': [{'call': 'find_user_id_by_email', 'args': {'email': '{task.record.email}'}},
+ 'system_prompt': 'You are a customer service agent. Use the tools to do what the user asks, then tell them. '
+                  'Finish every part of a request before you reply.',
+ 'user_message': "Cancel pending order 12345, reason 'order expired'. It needs all of: cancel pending order, "
+                 'exchange delivered order items, modify pending order address. My order id is '
+                 '{task.record.order_id}. My reason is {task.stated_reason}. My item ids is '
+                 '{task.stated_item_ids}. My new item ids is {task.stated_new_item_ids}. My payment method '
+                 'id is {task.stated_payment_method_id}. My address1 is {task.stated_address1}. My address2 '
+                 'is {task.stated_address2}. My city is {task.stated_city}. My state is {task.stated_state}. '
+                 'My country is {task.stated_country}. My zip is {task.stated_zip}.',
+ 'reference': [{'call': 'cancel_pending_order',
+                'args': {'order_id': '{task.record.order_id}', 'reason': '{task.stated_reason}'}},
+               {'call': 'exchange_delivered_order_items',
+                'args': {'order_id': '{task.record.order_id}',
+                         'item_ids': '{task.stated_item_ids}',
+                         'new_item_ids': '{task.stated_new_item_ids}',
+                         'payment_method_id': '{task.stated_payment_method_id}'}},
                {'call': 'modify_pending_order_address',
                 'args': {'order_id': '{task.record.order_id}',
                          'address1': '{task.stated_address1}',
@@ -50,13 +83,21 @@ SPEC = {'name': 'lookup_then_act',
                          'country': '{task.stated_country}',
                          'zip': '{task.stated_zip}'}},
                {'reply': 'Done.'}],
- 'reward': [{'name': 'looked_up_first',
-             'weight': 0.3,
-             'pred': {'op': 'called_before',
-                      'first': {'tool': 'find_user_id_by_email', 'args': {'email': '{task.record.email}'}},
-                      'then': {'tool': 'modify_pending_order_address', 'args': {}}}},
-            {'name': 'acted_with_the_record',
-             'weight': 0.7,
+ 'reward': [{'name': 'called_cancel_pending_order',
+             'weight': 0.333,
+             'pred': {'op': 'called',
+                      'tool': 'cancel_pending_order',
+                      'args': {'order_id': '{task.record.order_id}', 'reason': '{task.stated_reason}'}}},
+            {'name': 'called_exchange_delivered_order_items',
+             'weight': 0.333,
+             'pred': {'op': 'called',
+                      'tool': 'exchange_delivered_order_items',
+                      'args': {'order_id': '{task.record.order_id}',
+                               'item_ids': '{task.stated_item_ids}',
+                               'new_item_ids': '{task.stated_new_item_ids}',
+                               'payment_method_id': '{task.stated_payment_method_id}'}}},
+            {'name': 'called_modify_pending_order_address',
+             'weight': 0.333,
              'pred': {'op': 'called',
                       'tool': 'modify_pending_order_address',
                       'args': {'order_id': '{task.record.order_id}',
@@ -68,14 +109,75 @@ SPEC = {'name': 'lookup_then_act',
                                'zip': '{task.stated_zip}'}}}]}
 
 TOOLS = [{'type': 'function',
-  'function': {'name': 'find_user_id_by_email',
-               'description': 'Find user id by email. If the user is not found, the function will return an '
-                              'error message.',
-               'parameters': {'properties': {'email': {'description': 'The email of the user, such as '
-                                                                      "'something@example.com'.",
-                                                       'title': 'Email',
-                                                       'type': 'string'}},
-                              'required': ['email'],
+  'function': {'name': 'cancel_pending_order',
+               'description': 'Cancel a pending order. If the order is already processed or delivered,\n'
+                              '\n'
+                              'it cannot be cancelled. The agent needs to explain the cancellation detail\n'
+                              'and ask for explicit user confirmation (yes/no) to proceed. If the user '
+                              'confirms,\n'
+                              "the order status will be changed to 'cancelled' and the payment will be "
+                              'refunded.\n'
+                              "The refund will be added to the user's gift card balance immediately if the "
+                              'payment\n'
+                              'was made using a gift card, otherwise the refund would take 5-7 business days '
+                              'to process.\n'
+                              'The function returns the order details after the cancellation.',
+               'parameters': {'properties': {'order_id': {'description': "The order id, such as '#W0000000'. "
+                                                                         "Be careful there is a '#' symbol "
+                                                                         'at the beginning of the order id.',
+                                                          'title': 'Order Id',
+                                                          'type': 'string'},
+                                             'reason': {'description': 'The reason for cancellation, which '
+                                                                       "should be either 'no longer needed' "
+                                                                       "or 'ordered by mistake'.",
+                                                        'title': 'Reason',
+                                                        'type': 'string'}},
+                              'required': ['order_id', 'reason'],
+                              'title': 'parameters',
+                              'type': 'object'}}},
+ {'type': 'function',
+  'function': {'name': 'exchange_delivered_order_items',
+               'description': 'Exchange items in a delivered order to new items of the same product type.\n'
+                              '\n'
+                              'For a delivered order, return or exchange can be only done once by the '
+                              'agent.\n'
+                              'The agent needs to explain the exchange detail and ask for explicit user '
+                              'confirmation (yes/no) to proceed.',
+               'parameters': {'properties': {'order_id': {'description': "The order id, such as '#W0000000'. "
+                                                                         "Be careful there is a '#' symbol "
+                                                                         'at the beginning of the order id.',
+                                                          'title': 'Order Id',
+                                                          'type': 'string'},
+                                             'item_ids': {'description': 'The item ids to be exchanged, each '
+                                                                         "such as '1008292230'. There could "
+                                                                         'be duplicate items in the list.',
+                                                          'items': {'type': 'string'},
+                                                          'title': 'Item Ids',
+                                                          'type': 'array'},
+                                             'new_item_ids': {'description': 'The item ids to be exchanged '
+                                                                             'for, each such as '
+                                                                             "'1008292230'.\n"
+                                                                             'There could be duplicate items '
+                                                                             'in the list. Each new item id '
+                                                                             'should match the item id\n'
+                                                                             'in the same position and be of '
+                                                                             'the same product.',
+                                                              'items': {'type': 'string'},
+                                                              'title': 'New Item Ids',
+                                                              'type': 'array'},
+                                             'payment_method_id': {'description': 'The payment method id to '
+                                                                                  'pay or receive refund for '
+                                                                                  'the item price '
+                                                                                  'difference,\n'
+                                                                                  'such as '
+                                                                                  "'gift_card_0000000' or "
+                                                                                  "'credit_card_0000000'. "
+                                                                                  'These can be looked up\n'
+                                                                                  'from the user or order '
+                                                                                  'details.',
+                                                                   'title': 'Payment Method Id',
+                                                                   'type': 'string'}},
+                              'required': ['order_id', 'item_ids', 'new_item_ids', 'payment_method_id'],
                               'title': 'parameters',
                               'type': 'object'}}},
  {'type': 'function',

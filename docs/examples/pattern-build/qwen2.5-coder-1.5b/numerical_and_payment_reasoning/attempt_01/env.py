@@ -37,7 +37,7 @@ SPEC = {'name': 'compute_then_act',
                                            'arg': 'reservation_id',
                                            'field': 'reservation_id'}},
  'system_prompt': 'You are a customer service agent. Use the tools to do what the user asks, then tell them.',
- 'user_message': 'Calculate the total baggage for my reservation. It is for {task.amount.count} x baggage at '
+ 'user_message': 'Set the total baggage for reservation 123 to 50. It is for {task.amount.count} x number at '
                  '{task.amount.each} each; the total baggages is the total. My reservation id is '
                  '{task.record.reservation_id}. My nonfree baggages is {task.stated_nonfree_baggages}. My '
                  'payment id is {task.stated_payment_id}.',

@@ -12,7 +12,7 @@ SPEC = {'name': 'exact_arguments',
                                     'field': 'customer_id'}},
  'system_prompt': 'You are a customer service agent. Use the tools to do what the user asks, then tell them. '
                   'Call each tool once, with exactly the values the user gives.',
- 'user_message': 'Make payment for bill 12345. My customer id is {task.record.customer_id}. My bill id is '
+ 'user_message': 'Make payment. My customer id is {task.record.customer_id}. My bill id is '
                  '{task.stated_bill_id}.',
  'reference': [{'call': 'send_payment_request',
                 'args': {'customer_id': '{task.record.customer_id}', 'bill_id': '{task.stated_bill_id}'}},

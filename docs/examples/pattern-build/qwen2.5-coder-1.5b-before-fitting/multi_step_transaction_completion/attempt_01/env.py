@@ -1,0 +1,127 @@
+"""A spec-built environment: the data below, run by spec_env.SpecEnv (sandbox/image/spec_env.py)."""
+from spec_env import SpecEnv
+
+SPEC = {'name': 'lookup_then_act',
+ 'entities': {'user': {'count': [3, 6],
+                       'fields': {'email': {'type': 'id', 'pattern': 'user{n:04d}@example.com'},
+                                  'order_id': {'type': 'id', 'pattern': 'O{n:04d}'}}}},
+ 'task': {'record': {'type': 'pick', 'entity': 'user'},
+          'stated_address1': {'type': 'choice',
+                              'values': ['address1_1042',
+                                         'address1_2387',
+                                         'address1_3719',
+                                         'address1_4560',
+                                         'address1_5823']},
+          'stated_address2': {'type': 'choice',
+                              'values': ['address2_1042',
+                                         'address2_2387',
+                                         'address2_3719',
+                                         'address2_4560',
+                                         'address2_5823']},
+          'stated_city': {'type': 'choice',
+                          'values': ['city_1042', 'city_2387', 'city_3719', 'city_4560', 'city_5823']},
+          'stated_state': {'type': 'choice',
+                           'values': ['state_1042', 'state_2387', 'state_3719', 'state_4560', 'state_5823']},
+          'stated_country': {'type': 'choice',
+                             'values': ['country_1042',
+                                        'country_2387',
+                                        'country_3719',
+                                        'country_4560',
+                                        'country_5823']},
+          'stated_zip': {'type': 'choice',
+                         'values': ['zip_1042', 'zip_2387', 'zip_3719', 'zip_4560', 'zip_5823']}},
+ 'tools': {'find_user_id_by_email': {'kind': 'read', 'entity': 'user', 'arg': 'email', 'field': 'email'},
+           'modify_pending_order_address': {'kind': 'update',
+                                            'entity': 'user',
+                                            'arg': 'order_id',
+                                            'field': 'order_id'}},
+ 'system_prompt': 'You are a customer service agent. Use the tools to do what the user asks, then tell them.',
+ 'user_message': 'Find user ID by email and modify the shipping address of order 12345. My email is '
+                 '{task.record.email}. My address1 is {task.stated_address1}. My address2 is '
+                 '{task.stated_address2}. My city is {task.stated_city}. My state is {task.stated_state}. My '
+                 'country is {task.stated_country}. My zip is {task.stated_zip}.',
+ 'reference': [{'call': 'find_user_id_by_email', 'args': {'email': '{task.record.email}'}},
+               {'call': 'modify_pending_order_address',
+                'args': {'order_id': '{task.record.order_id}',
+                         'address1': '{task.stated_address1}',
+                         'address2': '{task.stated_address2}',
+                         'city': '{task.stated_city}',
+                         'state': '{task.stated_state}',
+                         'country': '{task.stated_country}',
+                         'zip': '{task.stated_zip}'}},
+               {'reply': 'Done.'}],
+ 'reward': [{'name': 'looked_up_first',
+             'weight': 0.3,
+             'pred': {'op': 'called_before',
+                      'first': {'tool': 'find_user_id_by_email', 'args': {'email': '{task.record.email}'}},
+                      'then': {'tool': 'modify_pending_order_address', 'args': {}}}},
+            {'name': 'acted_with_the_record',
+             'weight': 0.7,
+             'pred': {'op': 'called',
+                      'tool': 'modify_pending_order_address',
+                      'args': {'order_id': '{task.record.order_id}',
+                               'address1': '{task.stated_address1}',
+                               'address2': '{task.stated_address2}',
+                               'city': '{task.stated_city}',
+                               'state': '{task.stated_state}',
+                               'country': '{task.stated_country}',
+                               'zip': '{task.stated_zip}'}}}]}
+
+TOOLS = [{'type': 'function',
+  'function': {'name': 'find_user_id_by_email',
+               'description': 'Find user id by email. If the user is not found, the function will return an '
+                              'error message.',
+               'parameters': {'properties': {'email': {'description': 'The email of the user, such as '
+                                                                      "'something@example.com'.",
+                                                       'title': 'Email',
+                                                       'type': 'string'}},
+                              'required': ['email'],
+                              'title': 'parameters',
+                              'type': 'object'}}},
+ {'type': 'function',
+  'function': {'name': 'modify_pending_order_address',
+               'description': 'Modify the shipping address of a pending order. The agent needs to explain '
+                              'the modification detail and ask for explicit user confirmation (yes/no) to '
+                              'proceed.',
+               'parameters': {'properties': {'order_id': {'description': "The order id, such as '#W0000000'. "
+                                                                         "Be careful there is a '#' symbol "
+                                                                         'at the beginning of the order id.',
+                                                          'title': 'Order Id',
+                                                          'type': 'string'},
+                                             'address1': {'description': 'The first line of the address, '
+                                                                         "such as '123 Main St'.",
+                                                          'title': 'Address1',
+                                                          'type': 'string'},
+                                             'address2': {'description': 'The second line of the address, '
+                                                                         "such as 'Apt 1' or ''.",
+                                                          'title': 'Address2',
+                                                          'type': 'string'},
+                                             'city': {'description': "The city, such as 'San Francisco'.",
+                                                      'title': 'City',
+                                                      'type': 'string'},
+                                             'state': {'description': "The state, such as 'CA'.",
+                                                       'title': 'State',
+                                                       'type': 'string'},
+                                             'country': {'description': "The country, such as 'USA'.",
+                                                         'title': 'Country',
+                                                         'type': 'string'},
+                                             'zip': {'description': "The zip code, such as '12345'.",
+                                                     'title': 'Zip',
+                                                     'type': 'string'}},
+                              'required': ['order_id',
+                                           'address1',
+                                           'address2',
+                                           'city',
+                                           'state',
+                                           'country',
+                                           'zip'],
+                              'title': 'parameters',
+                              'type': 'object'}}}]
+
+POLICY = '# Retail agent policy\n\nAs a retail agent, you can help users:\n\n- **cancel or modify pending orders**\n- **return or exchange delivered orders**\n- **modify their default user address**\n- **provide information about their own profile, orders, and related products**\n\nAt the beginning of the conversation, you have to authenticate the user identity by locating their user id via email, or via name + zip code. This has to be done even when the user already provides the user id.\n\nOnce the user has been authenticated, you can provide the user with information about order, product, profile information, e.g. help the user look up order id.\n\nYou can only help one user per conversation (but you can handle multiple requests from the same user), and must deny any requests for tasks related to any other user.\n\nBefore taking any action that updates the database (cancel, modify, return, exchange), you must list the action details and obtain explicit user confirmation (yes) to proceed.\n\nYou should not make up any information or knowledge or procedures not provided by the user or the tools, or give subjective recommendations or comments.\n\nYou should at most make one tool call at a time, and if you take a tool call, you should not respond to the user at the same time. If you respond to the user, you should not make a tool call at the same time.\n\nYou should deny user requests that are against this policy.\n\nYou should transfer the user to a human agent if and only if the request cannot be handled within the scope of your actions. To transfer, first make a tool call to transfer_to_human_agents, and then send the message \'YOU ARE BEING TRANSFERRED TO A HUMAN AGENT. PLEASE HOLD ON.\' to the user.\n\n## Domain basic\n\n- All times in the database are EST and 24 hour based. For example "02:30:00" means 2:30 AM EST.\n\n### User\n\nEach user has a profile containing:\n\n- unique user id\n- email\n- default address\n- payment methods.\n\nThere are three types of payment methods: **gift card**, **paypal account**, **credit card**.\n\n### Product\n\nOur retail store has 50 types of products.\n\nFor each **type of product**, there are **variant items** of different **options**.\n\nFor example, for a \'t-shirt\' product, there could be a variant item with option \'color blue size M\', and another variant item with option \'color red size L\'.\n\nEach product has the following attributes:\n\n- unique product id\n- name\n- list of variants\n\nEach variant item has the following attributes:\n\n- unique item id\n- information about the value of the product options for this item.\n- availability\n- price\n\nNote: Product ID and Item ID have no relations and should not be confused!\n\n### Order\n\nEach order has the following attributes:\n\n- unique order id\n- user id\n- address\n- items ordered\n- status\n- fullfilments info (tracking id and item ids)\n- payment history\n\nThe status of an order can be: **pending**, **processed**, **delivered**, or **cancelled**.\n\nOrders can have other optional attributes based on the actions that have been taken (cancellation reason, which items have been exchanged, what was the exchane price difference etc)\n\n## Generic action rules\n\nGenerally, you can only take action on pending or delivered orders.\n\nExchange or modify order tools can only be called once per order. Be sure that all items to be changed are collected into a list before making the tool call!!!\n\n## Cancel pending order\n\nAn order can only be cancelled if its status is \'pending\', and you should check its status before taking the action.\n\nThe user needs to confirm the order id and the reason (either \'no longer needed\' or \'ordered by mistake\') for cancellation. Other reasons are not acceptable.\n\nAfter user confirmation, the order status will be changed to \'cancelled\', and the total will be refunded via the original payment method immediately if it is gift card, otherwise in 5 to 7 business days.\n\n## Modify pending order\n\nAn order can only be modified if its status is \'pending\', and you should check its status before taking the action.\n\nFor a pending order, you can take actions to modify its shipping address, payment method, or product item options, but nothing else.\n\n### Modify payment\n\nThe user can only choose a single payment method different from the original payment method.\n\nIf the user wants the modify the payment method to gift card, it must have enough balance to cover the total amount.\n\nAfter user confirmation, the order status will be kept as \'pending\'. The original payment method will be refunded immediately if it is a gift card, otherwise it will be refunded within 5 to 7 business days.\n\n### Modify items\n\nThis action can only be called once, and will change the order status to \'pending (items modifed)\'. The agent will not be able to modify or cancel the order anymore. So you must confirm all the details are correct and be cautious before taking this action. In particular, remember to remind the customer to confirm they have provided all the items they want to modify.\n\nFor a pending order, each item can be modified to an available new item of the same product but of different product option. There cannot be any change of product types, e.g. modify shirt to shoe.\n\nThe user must provide a payment method to pay or receive refund of the price difference. If the user provides a gift card, it must have enough balance to cover the price difference.\n\n## Return delivered order\n\nAn order can only be returned if its status is \'delivered\', and you should check its status before taking the action.\n\nThe user needs to confirm the order id and the list of items to be returned.\n\nThe user needs to provide a payment method to receive the refund.\n\nThe refund must either go to the original payment method, or an existing gift card.\n\nAfter user confirmation, the order status will be changed to \'return requested\', and the user will receive an email regarding how to return items.\n\n## Exchange delivered order\n\nAn order can only be exchanged if its status is \'delivered\', and you should check its status before taking the action. In particular, remember to remind the customer to confirm they have provided all items to be exchanged.\n\nFor a delivered order, each item can be exchanged to an available new item of the same product but of different product option. There cannot be any change of product types, e.g. modify shirt to shoe.\n\nThe user must provide a payment method to pay or receive refund of the price difference. If the user provides a gift card, it must have enough balance to cover the price difference.\n\nAfter user confirmation, the order status will be changed to \'exchange requested\', and the user will receive an email regarding how to return items. There is no need to place a new order.\n'
+
+
+class Env(SpecEnv):
+    SPEC = SPEC
+    TOOLS = TOOLS
+    POLICY = POLICY
