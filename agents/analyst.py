@@ -255,9 +255,8 @@ def _normal(text: str) -> str:
 def evidence_ok(item: LabelItem, traj: Trajectory, facts: dict | None) -> bool:
     """Does the cited evidence check? A quote must occur in the trajectory as the analyst was shown it
     (case and spacing aside; a copied "[step] [role]" prefix gives the step, a copied fact line the
-    fact): at its step, or else at
-    another step, which then becomes the label's step (`cited_step` keeps the model's: small models
-    miscount steps but copy text well; a quote found nowhere is made up).
+    fact): at its step, or else at another step, which then becomes the label's step (`cited_step`
+    keeps the model's: small models miscount steps but copy text well; a quote found nowhere is made up).
     A fact must be one code found in this trajectory, and only a LACKING label may cite one."""
     if item.label is Label.NA:
         return True
