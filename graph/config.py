@@ -40,6 +40,8 @@ class ComposeSettings(Strict):
     lr: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     lb_weight: float = Field(1e-3, ge=0)
+    max_len: int = Field(16384, ge=256, description="longest successful rollout (tokens) the gates train on; "
+                         "a τ² telecom episode is ~11k, most of it the policy")
 
 
 class RunConfig(Strict):

@@ -62,7 +62,7 @@ class State(TypedDict, total=False):
     adapters: Annotated[dict[str, AdapterRecord], _merge]
     composition: str | None
     target_adapter: AdapterRecord | None  # the baseline: GRPO on the target benchmark itself
-    gates_untrained: bool | None  # the composition's gates saw no example: moe = base
+    gates_untrained: str | bool | None  # why the composition's gates saw no example (moe = base); True in old runs
     results: dict  # final evaluation per mode
     rollout_figures: Annotated[list, operator.add]  # one per iteration
     timings: Annotated[dict, _add_times]  # seconds per node, summed over iterations and retries

@@ -23,8 +23,8 @@ def row_notes(s: dict) -> dict[str, str]:
         why = (f"no trained adapter ({', '.join(untrained)}: weights never changed)" if untrained
                else "no adapter was trained")
         notes.update({"moe": f"moe = base: {why}", "router": f"router = base: {why}"})
-    elif s.get("gates_untrained"):
-        notes["moe"] = "moe = base: gates untrained (0 successful rollouts to train them on)"
+    elif why := s.get("gates_untrained"):
+        notes["moe"] = f"moe = base: gates untrained ({why if isinstance(why, str) else 'no example to train them on'})"
     for v in adapters.values():
         if v.substitute:
             notes[v.trained_on.name] = f"trained on a substitute: {v.substitute}"

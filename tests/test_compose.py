@@ -76,7 +76,7 @@ def test_compose_trains_gates_and_round_trips(tmp_path):
     for i, c in enumerate(CAPS):
         saved_adapter(tok, tmp_path / c["name"], i + 1)
     convs = [(MSGS + [{"role": "assistant", "content": "aaaa a"}], LetterEpisode.tools)] * 3
-    assert len(gate_examples(tok, convs)) == 3
+    assert len(gate_examples(tok, convs)[0]) == 3
     moe = compose(tiny_model(tok), tok, {c["name"]: tmp_path / c["name"] for c in CAPS}, CAPS, convs,
                   tmp_path / "moe", epochs=2, lr=1e-2)
     manifest = (tmp_path / "moe" / "manifest.json").read_text()
@@ -123,7 +123,28 @@ def test_a_composition_without_gate_examples_is_marked(tmp_path):
     tok = tiny_tokenizer()
     saved_adapter(tok, tmp_path / "a", 1)
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [], tmp_path / "c")
-    assert gates_untrained(tmp_path / "c")
+    assert gates_untrained(tmp_path / "c") == "0 successful rollouts to train them on"
+
+
+def test_rollouts_longer_than_max_len_are_left_out_whole_and_named(tmp_path):
+    """The GPU proof run's gates once saw 0 of 70 successful episodes: each was ~11k tokens and
+    the rows were cut to their first 4096, which held no assistant token. A conversation too long
+    is now left out whole, counted, and named as the reason."""
+    from trace_rl.training.compose import gates_untrained
+
+    tok = tiny_tokenizer()
+    saved_adapter(tok, tmp_path / "a", 1)
+    short = (MSGS + [{"role": "assistant", "content": "aaaa a"}], LetterEpisode.tools)
+    long = ([{"role": "system", "content": "policy " * 400}, *short[0][1:]], LetterEpisode.tools)
+    n_long = len(assistant_labels(tok, *long)[0])
+    rows, too_long = gate_examples(tok, [short, long, long], max_len=n_long - 1)
+    assert (len(rows), too_long) == (1, 2)
+    assert all((r["labels"] != -100).any() for r in rows)
+    caps = [{"name": "a", "description": "d"}]
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long, long], tmp_path / "c", max_len=n_long - 1)
+    assert gates_untrained(tmp_path / "c") == f"all 2 successful rollouts run past max_len={n_long - 1} tokens"
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long], tmp_path / "d", max_len=n_long)
+    assert gates_untrained(tmp_path / "d") is None
 
 
 ROUTER_CAPS = [

@@ -115,29 +115,34 @@ class Composition:
                         engine=self.engine, tag=tag)
 
 
-def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]], max_len: int = 4096) -> list[dict]:
-    """(messages, tools) of successful rollouts -> gate-training rows (labels on assistant tokens)."""
+def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]],
+                  max_len: int = 16384) -> tuple[list[dict], int]:
+    """(messages, tools) of successful rollouts -> (gate-training rows with labels on assistant tokens,
+    how many were left out for running past `max_len` tokens). Never cut: a cut tail drops the
+    assistant turns, a cut head the context the gates must route on."""
     import torch
 
-    rows = []
+    rows, too_long = [], 0
     for messages, tools in conversations:
         ids, labels = assistant_labels(tokenizer, messages, tools)
-        ids, labels = ids[:max_len], labels[:max_len]
-        if any(l != -100 for l in labels):
+        if len(ids) > max_len:
+            too_long += 1
+        elif any(l != -100 for l in labels):
             rows.append({"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])})
-    return rows
+    return rows, too_long
 
 
 def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[dict],
             conversations: list[tuple[list[dict], list[dict]]], out_dir: str | Path, epochs: int = 3,
-            lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3) -> LoRAMoE:
+            lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3, max_len: int = 16384) -> LoRAMoE:
     """Build the MoE from trained adapters, train its gates on successful rollouts
     (token cross-entropy + load balance, TRACE §5 defaults) and save one artefact."""
     moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
-    rows = gate_examples(tokenizer, conversations)
+    rows, too_long = gate_examples(tokenizer, conversations, max_len)
     losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
     moe.save(out_dir, capabilities=capabilities, gate_training={
-        "examples": len(rows), "epochs": epochs, "lr": lr, "lb_weight": lb_weight,
+        "examples": len(rows), "offered": len(conversations), "too_long": too_long, "max_len": max_len,
+        "epochs": epochs, "lr": lr, "weight_decay": weight_decay, "lb_weight": lb_weight,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None})
     return moe
 
@@ -161,10 +166,15 @@ def saved_modes(path: str | Path) -> list[str]:
     return _modes(_capabilities(path))
 
 
-def gates_untrained(composition_dir: str | Path) -> bool:
-    """A composition whose gates saw no example routes every token to the base (slot 0)."""
+def gates_untrained(composition_dir: str | Path) -> str | None:
+    """Why a composition's gates saw no example (its moe routes every token to the base, slot 0), or None."""
     manifest = json.loads((Path(composition_dir) / "manifest.json").read_text())
-    return not (manifest.get("gate_training") or {}).get("examples")
+    g = manifest.get("gate_training") or {}
+    if g.get("examples"):
+        return None
+    if g.get("too_long"):
+        return f"all {g['too_long']} successful rollouts run past max_len={g['max_len']} tokens"
+    return "0 successful rollouts to train them on"
 
 
 def adapter_names(adapters: dict) -> dict[str, str]:
@@ -184,8 +194,8 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
                     **gate_training) -> tuple[str | None, bool | None]:
     """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
     named and described after what it trained on, gates trained (compose()'s settings) on the
-    successful GRPO and held-out episodes. Returns (composition dir, gates untrained), or (None, None) when no
-    adapter changed. Reuses a saved composition of the same adapters."""
+    successful GRPO and held-out episodes. Returns (composition dir, why its gates are untrained or None),
+    or (None, None) when no adapter changed. Reuses a saved composition of the same adapters."""
     names = adapter_names(adapters)
     trained = {k: adapters[k] for k in names}
     if not trained:
@@ -193,8 +203,11 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
         return None, None
     out, train_dir = Path(out_dir), Path(train_dir)
     manifest = out / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text())["adapters"] == list(names.values()):
-        return str(out), gates_untrained(out)
+    if manifest.is_file():  # reused only when made from the same adapters with the same gate settings
+        saved = json.loads(manifest.read_text())
+        if saved["adapters"] == list(names.values()) and all(
+                (saved.get("gate_training") or {}).get(k) == v for k, v in gate_training.items()):
+            return str(out), gates_untrained(out)
     convs = []
     for name in trained:
         tools = json.loads((train_dir / name / "tools.json").read_text())
@@ -203,7 +216,6 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
     model, tok = load_base()
     caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
     compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, **gate_training)
-    if gates_untrained(out):
-        log("compose: GATES UNTRAINED: no successful rollout to train the gates on; the moe row routes every token "
-            "to the base")
-    return str(out), gates_untrained(out)
+    if why := gates_untrained(out):
+        log(f"compose: GATES UNTRAINED: {why}; the moe row routes every token to the base")
+    return str(out), why

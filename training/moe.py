@@ -227,17 +227,30 @@ class LoRAMoE(nn.Module):
 
 
 def train_gates(moe: LoRAMoE, batches, epochs: int = 3, lr: float = 5e-4, weight_decay: float = 0.01,
-                lb_weight: float = 1e-3) -> list[float]:
+                lb_weight: float = 1e-3, checkpointing: bool = True) -> list[float]:
     """Gate training on successful rollouts: token cross-entropy + λ · load balance.
-    `batches`: iterable of dicts with input_ids, attention_mask, labels (-100 = not trained)."""
+    `batches`: iterable of dicts with input_ids, attention_mask, labels (-100 = not trained).
+    τ² conversations run to ~11k tokens (the policy alone is most of it), and a gate's gradient
+    flows back through every later layer: `checkpointing` recomputes each decoder layer (its gate
+    with it) in the backward pass instead of keeping every layer's activations."""
     opt = torch.optim.AdamW(moe.gate_parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     moe.force(None)
-    for _ in range(epochs):
-        for batch in batches:
-            loss = moe(**batch).loss + lb_weight * moe.load_balance_loss()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss))
+    model, was_training = moe.model, moe.model.training
+    checkpointing = checkpointing and getattr(model, "supports_gradient_checkpointing", False)
+    if checkpointing:  # HF checkpoints layers only in train mode (which would switch on a base's dropout; Qwen2.5 has 0.0)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    try:
+        for _ in range(epochs):
+            for batch in batches:
+                loss = moe(**batch).loss + lb_weight * moe.load_balance_loss()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+    finally:
+        if checkpointing:
+            model.gradient_checkpointing_disable()
+            model.train(was_training)
     return losses
