@@ -147,6 +147,8 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
             (data.get(section) or {}).pop(key, None)
         if data.get(section) and data[section].get("lora") is None:  # a field added later: runs made before keep
             data[section].pop("lora", None)                       # their fingerprints
+    if data["compose"]["max_len"] == ComposeSettings.model_fields["max_len"].default:  # added later: runs made before keep theirs
+        del data["compose"]["max_len"]
     for stage, fields in STAGE_FIELDS.items():
         chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields if f in data}, sort_keys=True)).encode()).hexdigest()
         out[stage] = chain[:16]

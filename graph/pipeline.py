@@ -344,7 +344,7 @@ class Pipeline:
             comp = self._composition() if any(m not in served for m in wanted) else None
             policies = {m: served.get(m) or comp.policy(m) for m in wanted}
         else:  # nothing was trained: the base alone, and the rows that could not exist say why
-            policies, skipped = {"base": self.comps.agent}, {m: notes[m] for m in ("router", "moe")}
+            comp, policies, skipped = None, {"base": self.comps.agent}, {m: notes[m] for m in ("router", "moe")}
         target = s.get("target_adapter")
         if target is not None and not target.untrained:
             from trace_rl.training.train import target_policy
@@ -365,6 +365,8 @@ class Pipeline:
             from trace_rl.core.llm import stop_lora_endpoints
 
             stop_lora_endpoints()  # the adapter rows' llama.cpp servers: done with
+        if comp is not None and "skipped" not in results.get("router", {"skipped": True}):
+            results["router"]["routes"] = comp.route_counts()  # which adapter the router's row ran, per task
         return {"results": results}
 
     def report(self, s: State) -> None:

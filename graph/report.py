@@ -109,6 +109,13 @@ def report_data(s: dict, run_dir: Path, benchmark: str) -> dict:
             "timings": s.get("timings")}
 
 
+def eval_note(r: dict, mode: str, figures: dict) -> str:
+    """An evaluation row's note: why it is not a result of its own, and where the router sent the tasks."""
+    routes = figures.get("routes")
+    where = "routed: " + ", ".join(f"{m} {n}" for m, n in sorted(routes.items(), key=lambda x: -x[1])) if routes else ""
+    return "; ".join(x for x in ((r.get("notes") or {}).get(mode, ""), where) if x)
+
+
 def render_markdown(r: dict) -> str:
     lines = [f"# trace-rl run: {r['benchmark']}", "", "## What each stage produced", "",
              "| stage | outcome | detail |", "|---|---|---|"]
@@ -127,7 +134,7 @@ def render_markdown(r: dict) -> str:
                 lines.append(f"| {mode} | – | – | – | – | not evaluated: {g['skipped']} |")
                 continue
             lines.append(f"| {mode} | {g['tasks']} × {g.get('trials', 1)} | {g['pass@1']:.1%} | "
-                         f"{g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} | {(r.get('notes') or {}).get(mode, '')} |")
+                         f"{g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} | {eval_note(r, mode, g)} |")
     transfer = {m: g["transfer"] for m, g in (r.get("evaluation") or {}).items() if g.get("transfer")}
     if transfer:  # lower is better: the failure each trained capability is about, measured by code
         modes = list(transfer)

@@ -98,6 +98,13 @@ class Composition:
     def modes(self) -> list[str]:
         return _modes(self.caps)
 
+    def route_counts(self) -> dict[str, int]:
+        """{mode: conversations the router sent there}: what the router row actually ran."""
+        counts: dict[str, int] = {}
+        for slot in self.routes.values():
+            counts[self.modes[slot]] = counts.get(self.modes[slot], 0) + 1
+        return counts
+
     def policy(self, mode: str) -> HFPolicy:
         if mode not in self.modes:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes)}")
