@@ -20,6 +20,7 @@ FACTS = {
     "invalid_arguments": "a call whose arguments break the tool's schema (missing, unknown or mistyped)",
     "repeated_calls": "the same call (tool and arguments) made again",
     "write_without_read": "a tool that changes data called on an id no earlier call or result mentioned",
+    "ungrounded_arguments": "an id-like argument (3+ characters, no spaces) that appears in no earlier message",
     "no_tool_calls": "the agent ended without calling any tool",
 }
 READ_VERBS = ("get", "find", "list", "search", "check", "calculate", "lookup", "read", "show", "view", "think")
@@ -51,7 +52,17 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
     facts: dict = {name: [] for name in FACTS}
     seen_calls, mentioned, used = set(), set(), []
+    said = json.dumps(schemas)  # everything the agent had seen so far: the schemas' enums, every earlier message
     for step, m in enumerate(traj.messages):
+        for call in m.get("tool_calls") or []:  # an id made up rather than copied (e.g. customer "12345")
+            args = tool_arguments((call.get("function") or {}).get("arguments") or "{}") or {}
+            made_up = [v for v in args.values() if isinstance(v, str) and len(v) >= 3 and not re.search(r"\s", v)
+                       and v not in said]
+            if made_up:
+                name = (call.get("function") or {}).get("name", "")
+                facts["ungrounded_arguments"].append({"step": step, "detail": f"{name}: {', '.join(made_up)[:120]}"})
+        said += "\n" + str(m.get("content") or "") + "".join(
+            str((c.get("function") or {}).get("arguments")) for c in m.get("tool_calls") or [])
         if m.get("role") == "tool":
             content = str(m.get("content") or "")
             if content.lstrip().lower().startswith("error"):
@@ -128,7 +139,9 @@ def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: in
 # ---------------------------------------------------------------- capability transfer metrics
 METRIC_WORDS = [  # (words in a capability's name or description, the fact that measures it)
     (("precondition", "verif", "before", "check", "eligib"), "write_without_read"),
-    (("precision", "argument", "schema", "parameter", "format"), "invalid_arguments"),
+    (("schema", "format"), "invalid_arguments"),
+    # the embedded 1.5B's arguments keep to the schemas (0 of 80 telecom episodes break one) but it makes up ids
+    (("precision", "argument", "parameter", "ground", "fabricat"), "ungrounded_arguments"),
     (("unknown", "hallucinat", "nonexistent"), "unknown_tools"),
     (("repeat", "loop", "redundant", "duplicate"), "repeated_calls"),
 ]

@@ -35,6 +35,7 @@ def test_each_fact_is_found_at_its_step():
     assert [o["step"] for o in f["tool_errors"]] == [3, 9, 11]
     assert [o["step"] for o in f["repeated_calls"]] == [6]
     assert f["unknown_tools"] == [{"step": 8, "detail": "book_flight"}]
+    assert f["ungrounded_arguments"] == [{"step": 8, "detail": "book_flight: SFO"}]  # ABC123 was in the user's message
     assert f["invalid_arguments"][0]["step"] == 10 and "missing 'reservation_id'" in f["invalid_arguments"][0]["detail"]
     assert "'count' should be integer" in f["invalid_arguments"][0]["detail"]
     assert f["turns"] == 5 and f["tools_used"] == ["book_flight", "cancel_reservation", "get_reservation_details"]
@@ -47,7 +48,7 @@ def test_a_careful_trajectory_has_no_failure_facts():
              {"role": "assistant", "content": "Done."})
     f = trajectory_facts(t, TOOLS)
     assert not any(f[k] for k in ("tool_errors", "unknown_tools", "invalid_arguments", "repeated_calls",
-                                  "write_without_read", "no_tool_calls"))
+                                  "write_without_read", "ungrounded_arguments", "no_tool_calls"))
     silent = traj({"role": "assistant", "content": "I would need the ticket first."})
     assert trajectory_facts(silent, TOOLS)["no_tool_calls"] == [{"step": 2, "detail": "I would need the ticket first."}]
 
@@ -60,7 +61,8 @@ def test_transfer_metric_is_the_share_of_episodes_with_the_failure():
     m = transfer_metrics([careless, careful, careful, careful], [cap], TOOLS)["precondition_verification"]
     assert m["metric"] == "write_without_read" and m["with_fact"] == 1 and m["rate"] == 0.25
     assert m["ci95"][0] < 0.25 < m["ci95"][1]
-    assert metric_for({"name": "tool_call_precision", "description": ""}) == "invalid_arguments"
+    assert metric_for({"name": "tool_call_precision", "description": ""}) == "ungrounded_arguments"
+    assert metric_for({"name": "schema_adherence", "description": ""}) == "invalid_arguments"
     assert metric_for({"name": "polite_style", "description": "Is polite."}) == "tool_errors"
 
 
@@ -80,3 +82,16 @@ def test_the_summary_counts_each_fact_over_failed_and_passed_with_examples():
     assert "tool_errors (a tool answered with an error): failed 1 of 2, passed 0 of 1; " \
            "e.g. 'Error: reservation not found'" in text
     assert "write_without_read" in text and "failed 1 of 2" in text.split("write_without_read")[1]
+
+
+def test_a_made_up_id_is_ungrounded_and_a_copied_or_listed_one_is_not():
+    """The embedded 1.5B asked for customer "12345" where the ticket named a phone number: an id
+    copied from no earlier message. Values from a schema's enum, free text and ids read from an
+    earlier message or an earlier result are grounded."""
+    tools = [{"type": "function", "function": {"name": "get_bills", "parameters": {"type": "object", "properties": {
+        "customer_id": {"type": "string"}, "status": {"type": "string", "enum": ["overdue", "paid"]},
+        "note": {"type": "string"}}}}}]
+    t = traj(call("get_bills", customer_id="12345", status="overdue", note="asked by the user"),
+             tool('{"customer_id": "C1001"}'), call("get_bills", customer_id="C1001", status="paid"), tool("{}"))
+    f = trajectory_facts(t, tools)
+    assert f["ungrounded_arguments"] == [{"step": 2, "detail": "get_bills: 12345"}]
