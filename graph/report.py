@@ -25,6 +25,9 @@ def row_notes(s: dict) -> dict[str, str]:
         notes.update({"moe": f"moe = base: {why}", "router": f"router = base: {why}"})
     elif why := s.get("gates_untrained"):
         notes["moe"] = f"moe = base: gates untrained ({why if isinstance(why, str) else 'no example to train them on'})"
+    routes = ((s.get("results") or {}).get("router") or {}).get("routes")
+    if routes and set(routes) == {"base"}:
+        notes["router"] = "router = base: the classifier sent every task to the base"
     for v in adapters.values():
         if v.substitute:
             notes[v.trained_on.name] = f"trained on a substitute: {v.substitute}"

@@ -474,3 +474,17 @@ def test_rows_llama_cpp_serves_do_not_load_the_in_process_composition(tmp_path, 
         pipe.evaluate(state)
     assert seen[0] == {"base": "llama.cpp+None", "lookup": "llama.cpp+/ad/lookup"}
     assert seen[1] == {"base": "llama.cpp+None", "router": "in-process router"} and loads == [1]
+
+
+def test_a_router_that_sent_every_task_to_the_base_is_marked_as_the_base():
+    """A router row whose classifier chose the base everywhere measures the base model again."""
+    from trace_rl.graph.report import eval_note, row_notes
+
+    figures = {"tasks": 5, "routes": {"base": 5}}
+    s = {"composition": "c", "results": {"router": figures}}
+    notes = row_notes(s)
+    assert notes["router"] == "router = base: the classifier sent every task to the base"
+    assert eval_note({"notes": notes}, "router", figures) == notes["router"] + "; routed: base 5"
+    mixed = {"tasks": 5, "routes": {"base": 2, "lookup": 3}}
+    assert "router" not in row_notes({"composition": "c", "results": {"router": mixed}})
+    assert eval_note({"notes": {}}, "router", mixed) == "routed: lookup 3, base 2"
