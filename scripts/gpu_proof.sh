@@ -15,7 +15,8 @@
 #   phase-b STEPS SECONDS  unpack the carried .device/run (as the CPU machine left it: envs built and verified in
 #                       Docker), then in one call train the capabilities and compose (stopping before train_target)
 #                       while a second process on the same GPU trains the target baseline with STEPS steps (= the
-#                       capabilities' steps together: 4 per approved env here); `resume` then evaluates
+#                       capabilities' steps together: 4 per approved env here; only on a GPU of 100 GB or more,
+#                       else the next `resume` trains it); `resume` then evaluates
 #   resume SECONDS [new] with `new`: unpack the carried .device/run (the run as the CPU machine left it:
 #                       envs built and verified in Docker), keeping the train_target/ this machine made;
 #                       then resume it on the engine (train, compose, evaluate) and pack it. Without `new`,
@@ -28,7 +29,13 @@ MODEL=${MODEL:-qwen2.5-coder-1.5b}
 CONFIG=${CONFIG:-docs/examples/gpu/proof.yaml}
 RUN=/tmp/proof
 cli() { python3 -m trace_rl.graph.cli "$@"; }
-pack() { rm -rf "$OUT/proof"; cli pack "$RUN" --out "$OUT/proof" --part-mb 15; }
+# results.tgz first (a few MB: reports, logs, trajectories, curves, envs): a finished run with its adapters and
+# composition packs to ~75 MB, past what one call brings back, and the files that do not fit are the last ones
+pack() {
+  (cd "$RUN" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.png' -o -name '*.md' -o -name '*.log' \
+    -o -name 'env.py' \) -size -8M -not -path '*adapter*' -not -path '*checkpoint*' -not -name 'tokenizer*' \
+    | tar czf "$OUT/results.tgz" -T -)
+  rm -rf "$OUT/proof"; cli pack "$RUN" --out "$OUT/proof" --part-mb 15; }
 case "${1:-}" in
   wheels) source scripts/device_env.sh "$2" ;;
   part) mkdir -p /tmp/parts && mv .device/chunk/* /tmp/parts/ && ls /tmp/parts | wc -l ;;
@@ -82,7 +89,11 @@ PY
     source scripts/device_env.sh /nonexistent
     rm -rf /tmp/unpacked && cli unpack .device/run --into /tmp/unpacked || exit 1
     rm -rf "$RUN" && mv /tmp/unpacked/* "$RUN"
-    bash "$0" target "$2" "$(( ${3:-540} - 20 ))" >/dev/null 2>&1 &   # logs to $OUT/target.log
+    # beside the capabilities only where it fits: on an H100 (80 GB) the serving engine (45 GiB), the capabilities'
+    # GRPO (21.5 GiB) and the target's (11 GiB) ran out of memory together (2026-12-06); `resume` trains it after
+    if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -ge 100000 ]; then
+      bash "$0" target "$2" "$(( ${3:-540} - 20 ))" >/dev/null 2>&1 &   # logs to $OUT/target.log
+    else echo "target baseline: not beside the capabilities on this GPU; the next resume trains it"; fi
     # no LLM is asked while training: the agent's engine server (started with the run's components) stays small
     timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 --no-wait \
       --no-web --until train_target 2>&1 | tee "$OUT/phase-b.log"
