@@ -181,3 +181,19 @@ def test_classifier_router_picks_the_planted_adapter_with_the_embedded_model():
     chosen = [router.choose([{"role": "system", "content": "You are a customer service agent."},
                              {"role": "user", "content": text}]) for text, _ in ROUTER_TASKS]
     assert chosen == [right for _, right in ROUTER_TASKS], chosen
+
+
+def test_the_router_row_decodes_exactly_as_the_mode_it_chose(tmp_path):
+    """The router's scoring forward shares the model with the engine: after it, the row must decode
+    token for token as the mode it picked (the GPU proof run's router row, which by an offline
+    recomputation picked the base everywhere, ended in an error twice as often as the base row)."""
+    tok = tiny_tokenizer()
+    for i, c in enumerate(CAPS):
+        saved_adapter(tok, tmp_path / c["name"], i + 1)
+    moe = LoRAMoE(tiny_model(tok), [Adapter.from_dir(c["name"], tmp_path / c["name"]) for c in CAPS])
+    comp = Composition(moe, tok, CAPS, max_new_tokens=12)
+    later = MSGS + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}]
+    routed = [comp.policy("router").chat(m, LetterEpisode.tools).content for m in (MSGS, later)]
+    chosen = comp.modes[comp.router.choose(MSGS)]
+    assert comp.route_counts() == {chosen: 1}
+    assert routed == [comp.policy(chosen).chat(m, LetterEpisode.tools).content for m in (MSGS, later)]
