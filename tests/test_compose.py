@@ -142,7 +142,7 @@ def test_rollouts_longer_than_max_len_are_left_out_whole_and_named(tmp_path):
     assert all((r["labels"] != -100).any() for r in rows)
     caps = [{"name": "a", "description": "d"}]
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long, long], tmp_path / "c", max_len=n_long - 1)
-    assert gates_untrained(tmp_path / "c") == f"all 2 successful rollouts run past max_len={n_long - 1} tokens"
+    assert gates_untrained(tmp_path / "c") == f"all 2 of 2 successful rollouts run past max_len={n_long - 1} tokens"
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long], tmp_path / "d", max_len=n_long)
     assert gates_untrained(tmp_path / "d") is None
 

@@ -180,7 +180,11 @@ def gates_untrained(composition_dir: str | Path) -> str | None:
     if g.get("examples"):
         return None
     if g.get("too_long"):
-        return f"all {g['too_long']} successful rollouts run past max_len={g['max_len']} tokens"
+        rest = g["offered"] - g["too_long"]
+        return (f"{'all ' if not rest else ''}{g['too_long']} of {g['offered']} successful rollouts run past "
+                f"max_len={g['max_len']} tokens" + (f"; the other {rest} hold no assistant token" if rest else ""))
+    if g.get("offered"):
+        return f"none of {g['offered']} successful rollouts holds an assistant token"
     return "0 successful rollouts to train them on"
 
 
@@ -198,7 +202,7 @@ def adapter_names(adapters: dict) -> dict[str, str]:
 
 
 def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, log=print,
-                    **gate_training) -> tuple[str | None, bool | None]:
+                    **gate_training) -> tuple[str | None, str | None]:
     """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
     named and described after what it trained on, gates trained (compose()'s settings) on the
     successful GRPO and held-out episodes. Returns (composition dir, why its gates are untrained or None),
