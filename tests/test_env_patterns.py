@@ -388,6 +388,22 @@ def test_a_misfit_choice_goes_back_to_the_builder_in_the_same_round():
     assert "does not train precondition_verification" in builder.requests[1][-1]["content"]
 
 
+def test_a_later_round_may_not_send_the_failed_binding_again():
+    """The demo's 0.5B sent round 1's lookup_then_act choice again word for word in round 2 (at
+    temperature 0.7), and calibration failed it again: a binding that failed goes back to the model."""
+    from trace_rl.agents.env_builder import Target, write_pattern
+
+    target = Target("tau2:telecom", tools_of("telecom"), "Be nice.", "")
+    failed = CHOICES[0][1]
+    reworded = {**failed, "request": "please suspend the line"}
+    builder = RecordingLLM([json.dumps(reworded), json.dumps(GUARDED)])
+    choice, _ = write_pattern(builder, PRECONDITION, target, feedback="calibration: too hard", previous=json.dumps(failed))
+    assert choice == GUARDED
+    assert "same pattern and tools as your previous choice" in builder.requests[1][-1]["content"]
+    first = RecordingLLM([json.dumps(failed)])
+    assert write_pattern(first, PRECONDITION, target)[0] == failed  # round 1 has nothing to repeat
+
+
 def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
     """Told the misfit, the 1.5B chose compute_then_act for telecom's precondition_verification 9 times
     in 3 rounds: the grammar and the menu now offer only the fitting families; a capability in none of
