@@ -176,7 +176,7 @@ PRESETS: dict[str, dict] = {
     },
     # the method's settings (TRACE §2-5), for a GPU and a real endpoint
     "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
-    # the whole pipeline on the embedded models on a 2-core CPU in under an hour (54 min measured)
+    # the whole pipeline on the embedded models on a 2-core CPU (28.5 min measured, docs/examples/demo)
     "demo": {
         "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3, "trials": 2,
         "eval_tasks": 10, "eval_trials": 1, "base_model": "qwen2.5-coder-0.5b",
