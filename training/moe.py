@@ -220,7 +220,8 @@ class LoRAMoE(nn.Module):
 
     @classmethod
     def load(cls, model, path: str | Path) -> "LoRAMoE":
-        blob = torch.load(Path(path) / "moe.pt", weights_only=False)
+        # onto the model's device: a composition made on a GPU loads on a CPU machine (resume continues on either)
+        blob = torch.load(Path(path) / "moe.pt", weights_only=False, map_location=next(model.parameters()).device)
         moe = cls(model, [Adapter(a["name"], a["weights"], a["scaling"]) for a in blob["adapters"]])
         moe.gates.load_state_dict(blob["gates"])
         return moe
