@@ -289,13 +289,13 @@ def pattern_messages(capability: dict, target: Target, feedback: str | None, pre
 
 
 def write_pattern(llm, capability: dict, target: Target, feedback=None, previous=None,
-                  attempts: int = 3) -> tuple[dict, dict]:
+                  attempts: int = 3, failed: list[dict] = ()) -> tuple[dict, dict]:
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
     under env_patterns.decode_schema (only bindings of the target's tools that expand, only patterns that fit
     the capability: env_patterns.fitting); a choice that does not
-    fit the tools (env_patterns.PatternError), or binds the same pattern and tools as the `previous` round's
-    failed choice, goes back to the model like a validation error (a choice is a few dozen tokens, so
-    one more try than spec mode costs little)."""
+    fit the tools (env_patterns.PatternError), or binds the same pattern and tools as a choice of an
+    earlier round (`previous`, `failed`: they all failed the checks), goes back to the model like a
+    validation error (a choice is a few dozen tokens, so one more try than spec mode costs little)."""
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
     grammar = env_patterns.fitting(capability, env_patterns.decode_schema(target.tools))
     patterns = env_patterns.offered(grammar)
@@ -304,11 +304,12 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
         last = json.loads(previous) if previous else None
     except json.JSONDecodeError:  # an earlier round in another mode: nothing to compare with
         last = None
+    tried = [binding(c) for c in (*failed, last) if isinstance(c, dict)]
 
     def expanded(choice) -> tuple[dict, dict]:
         if why := env_patterns.misfit(capability, choice.root.pattern, patterns):
             raise env_patterns.PatternError("pattern", why)
-        if binding(choice.model_dump()) == binding(last):  # the 0.5B sent round 1's choice again, word for word
+        if binding(choice.model_dump()) in tried:  # the 0.5B sent round 1's choice again, word for word
             raise env_patterns.PatternError("pattern", "the same pattern and tools as your previous choice, which "
                                                        "failed the checks: choose another pattern or other tools")
         try:
@@ -354,8 +355,10 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
             atomic_write_json(adir / "repairs.json", repairs)
             atomic_write_json(adir / "spec.json", spec)
             code = render_module(spec, target.tools, target.policy)  # schemas and policy: copied by code
-        elif mode == "pattern":
-            choice, spec = write_pattern(builder, capability, target, feedback, previous)
+        elif mode == "pattern":  # every earlier round's choice failed: none may come again
+            earlier = (attempt_dir(out_dir, r) / "builder_choice.json" for r in range(1, rnd))
+            failed = [json.loads(p.read_text()) for p in earlier if p.is_file()]
+            choice, spec = write_pattern(builder, capability, target, feedback, previous, failed=failed)
             atomic_write_json(adir / "builder_choice.json", choice)  # what the model wrote
             atomic_write_json(adir / "spec.json", spec)  # what code expanded it into
             code = render_module(spec, target.tools, target.policy)

@@ -52,7 +52,7 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
     facts: dict = {name: [] for name in FACTS}
     seen_calls, mentioned, used = set(), set(), []
-    said = json.dumps(schemas)  # everything the agent had seen so far: the schemas' enums, every earlier message
+    said = json.dumps(schemas, ensure_ascii=False)  # all the agent had seen so far: the schemas' enums, every message
     for step, m in enumerate(traj.messages):
         for call in m.get("tool_calls") or []:  # an id made up rather than copied (e.g. customer "12345")
             args = tool_arguments((call.get("function") or {}).get("arguments") or "{}") or {}
@@ -61,8 +61,10 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
             if made_up:
                 name = (call.get("function") or {}).get("name", "")
                 facts["ungrounded_arguments"].append({"step": step, "detail": f"{name}: {', '.join(made_up)[:120]}"})
-        said += "\n" + str(m.get("content") or "") + "".join(
-            str((c.get("function") or {}).get("arguments")) for c in m.get("tool_calls") or [])
+        said += "\n" + str(m.get("content") or "")
+        for call in m.get("tool_calls") or []:  # arguments as sent, and decoded (a \u escape is the same value)
+            raw = (call.get("function") or {}).get("arguments") or "{}"
+            said += f"\n{raw} " + " ".join(map(str, (tool_arguments(raw) or {}).values()))
         if m.get("role") == "tool":
             content = str(m.get("content") or "")
             if content.lstrip().lower().startswith("error"):
@@ -149,8 +151,10 @@ METRIC_WORDS = [  # (words in a capability's name or description, the fact that 
 
 def metric_for(capability: dict) -> str:
     """The fact whose rate measures a capability on the target (tool errors when no word matches)."""
-    text = (capability.get("name", "") + " " + capability.get("description", "")).lower()
-    return next((fact for words, fact in METRIC_WORDS if any(w in text for w in words)), "tool_errors")
+    text = (capability.get("name", "") + " " + capability.get("description", "")).lower().replace("_", " ")
+    # at a word's start: "format" is not in "information", "ground" not in "background"
+    return next((fact for words, fact in METRIC_WORDS if any(re.search(rf"\b{w}", text) for w in words)),
+                "tool_errors")
 
 
 def transfer_metrics(trajs: list[Trajectory], capabilities: list[dict], tools: list[dict] | None) -> dict:

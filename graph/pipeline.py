@@ -366,7 +366,10 @@ class Pipeline:
 
             stop_lora_endpoints()  # the adapter rows' llama.cpp servers: done with
         if comp is not None and "skipped" not in results.get("router", {"skipped": True}):
-            results["router"]["routes"] = comp.route_counts()  # which adapter the router's row ran, per task
+            from trace_rl.core.trajectory import TrajectoryStore
+
+            episodes = TrajectoryStore(self.it(s) / "eval" / "router").all()  # resumed ones too
+            results["router"]["routes"] = comp.route_counts([t.messages for t in episodes])
         return {"results": results}
 
     def report(self, s: State) -> None:

@@ -195,5 +195,7 @@ def test_the_router_row_decodes_exactly_as_the_mode_it_chose(tmp_path):
     later = MSGS + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}]
     routed = [comp.policy("router").chat(m, LetterEpisode.tools).content for m in (MSGS, later)]
     chosen = comp.modes[comp.router.choose(MSGS)]
-    assert comp.route_counts() == {chosen: 1}
+    assert comp.route_counts([MSGS, later]) == {chosen: 2}  # per episode; one task, one choice
+    resumed = Composition(moe, tok, CAPS, max_new_tokens=12)  # a resumed evaluation routed nothing yet
+    assert resumed.route_counts([MSGS]) == {chosen: 1}
     assert routed == [comp.policy(chosen).chat(m, LetterEpisode.tools).content for m in (MSGS, later)]

@@ -402,6 +402,10 @@ def test_a_later_round_may_not_send_the_failed_binding_again():
     assert "same pattern and tools as your previous choice" in builder.requests[1][-1]["content"]
     first = RecordingLLM([json.dumps(failed)])
     assert write_pattern(first, PRECONDITION, target)[0] == failed  # round 1 has nothing to repeat
+    # round 2 gave no valid choice: round 3 still may not go back to round 1's
+    third = RecordingLLM([json.dumps(failed), json.dumps(GUARDED)])
+    assert write_pattern(third, PRECONDITION, target, feedback="no valid choice", previous=None,
+                         failed=[failed])[0] == GUARDED
 
 
 def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():

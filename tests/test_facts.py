@@ -63,6 +63,8 @@ def test_transfer_metric_is_the_share_of_episodes_with_the_failure():
     assert m["ci95"][0] < 0.25 < m["ci95"][1]
     assert metric_for({"name": "tool_call_precision", "description": ""}) == "ungrounded_arguments"
     assert metric_for({"name": "schema_adherence", "description": ""}) == "invalid_arguments"
+    informed = {"name": "argument_precision", "description": "Fills arguments only with information it was given."}
+    assert metric_for(informed) == "ungrounded_arguments"  # "format" inside "information" is no match
     assert metric_for({"name": "polite_style", "description": "Is polite."}) == "tool_errors"
 
 
@@ -95,3 +97,6 @@ def test_a_made_up_id_is_ungrounded_and_a_copied_or_listed_one_is_not():
              tool('{"customer_id": "C1001"}'), call("get_bills", customer_id="C1001", status="paid"), tool("{}"))
     f = trajectory_facts(t, tools)
     assert f["ungrounded_arguments"] == [{"step": 2, "detail": "get_bills: 12345"}]
+    accents = [{"type": "function", "function": {"name": "set_city", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Zürich", "Genève"]}}}}}]
+    assert not trajectory_facts(traj(call("set_city", city="Zürich")), accents)["ungrounded_arguments"]

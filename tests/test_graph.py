@@ -61,8 +61,8 @@ def test_full_path_keeps_the_planted_capability_and_loops_verify_to_build(refere
     assert not r1["passed"] and "trivial_do_nothing" in r1["feedback"]  # round 1 (reward always 1) failed, went back
     assert s["adapters"]["lookup_before_answering"]["steps"] == 2
     assert set(s["results"]) == {"base", "lookup_before_answering", "router", "moe"} and s["composition"]
-    routes = state["results"]["router"]["routes"]  # what the router row ran: one choice per task
-    assert set(routes) <= {"base", "lookup_before_answering"} and sum(routes.values()) == state["results"]["router"]["tasks"]
+    routes = state["results"]["router"]["routes"]  # what the router row ran, per episode
+    assert set(routes) <= {"base", "lookup_before_answering"} and sum(routes.values()) == state["results"]["router"]["episodes"]
     assert "routed: " in (run / "report.md").read_text()
     for f in ("report.json", "report.md", "iter_0/eval/report.png", "iter_0/analysis/cov_delta.png",
               "train/lookup_before_answering/grpo/curve.png", "composition/moe.pt", "config.json"):

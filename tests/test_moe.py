@@ -151,19 +151,24 @@ def test_gate_training_learns_to_route_two_skills():
 
 
 def test_checkpointed_gate_training_takes_the_same_steps():
-    """Gradient checkpointing (on for long τ² episodes) recomputes each layer, its gate's routing with
-    it: the losses and the trained gates must match a run that keeps every activation."""
+    """Gradient checkpointing (on for long τ² episodes) recomputes each layer in the backward pass,
+    reading the routing its gate decided: the losses and the trained gates must match a run that
+    keeps every activation."""
     from trace_rl.training.moe import train_gates
 
     gen = torch.Generator().manual_seed(3)
     batches = [{"input_ids": (ids := torch.randint(0, 128, (2, 12), generator=gen)), "labels": ids} for _ in range(3)]
-    runs = {}
+    runs, attention_calls = {}, {}
     for checkpointing in (False, True):
         torch.manual_seed(0)  # the gates' initialisation
         moe = LoRAMoE(tiny_base(), [random_adapter(f"cap{i}", 10 + i)[1] for i in range(2)])
+        calls = []
+        moe.model.model.layers[0].self_attn.register_forward_hook(lambda *a: calls.append(1))
         losses = train_gates(moe, batches, epochs=2, lr=1e-2, checkpointing=checkpointing)
+        attention_calls[checkpointing] = len(calls)
         assert not moe.model.training and not moe.model.is_gradient_checkpointing  # left as it was found
         runs[checkpointing] = losses, [p.detach().clone() for p in moe.gate_parameters()]
+    assert attention_calls[True] == 2 * attention_calls[False] == 12  # recomputed in each backward pass
     torch.testing.assert_close(runs[True][0], runs[False][0])
     for a, b in zip(runs[True][1], runs[False][1]):
         torch.testing.assert_close(a, b)

@@ -98,11 +98,18 @@ class Composition:
     def modes(self) -> list[str]:
         return _modes(self.caps)
 
-    def route_counts(self) -> dict[str, int]:
-        """{mode: conversations the router sent there}: what the router row actually ran."""
+    def route_counts(self, conversations: list[list[dict]]) -> dict[str, int]:
+        """{mode: episodes the router sent there} over the router row's `conversations` (message lists):
+        what the row actually ran. A conversation routed before a resume is decided again (the same
+        scoring of the same text)."""
         counts: dict[str, int] = {}
-        for slot in self.routes.values():
-            counts[self.modes[slot]] = counts.get(self.modes[slot], 0) + 1
+        for messages in conversations:
+            key = task_text(messages)
+            if key not in self.routes:
+                with self.engine.lock:
+                    self.routes[key] = self.router.choose(messages)
+            mode = self.modes[self.routes[key]]
+            counts[mode] = counts.get(mode, 0) + 1
         return counts
 
     def policy(self, mode: str) -> HFPolicy:

@@ -231,9 +231,10 @@ def train_gates(moe: LoRAMoE, batches, epochs: int = 3, lr: float = 5e-4, weight
                 lb_weight: float = 1e-3, checkpointing: bool = True) -> list[float]:
     """Gate training on successful rollouts: token cross-entropy + λ · load balance.
     `batches`: iterable of dicts with input_ids, attention_mask, labels (-100 = not trained).
-    τ² conversations run to ~11k tokens (the policy alone is most of it), and a gate's gradient
-    flows back through every later layer: `checkpointing` recomputes each decoder layer (its gate
-    with it) in the backward pass instead of keeping every layer's activations."""
+    τ² episodes run to 4.5-6k tokens (the policy alone is most of it), and a gate's gradient flows
+    back through every later layer: `checkpointing` recomputes each decoder layer in the backward
+    pass instead of keeping every layer's activations (43-46 % less memory at 6-12k tokens,
+    benchmarks/gate_training.py)."""
     opt = torch.optim.AdamW(moe.gate_parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     moe.force(None)
