@@ -98,17 +98,21 @@ class Composition:
     def modes(self) -> list[str]:
         return _modes(self.caps)
 
+    def route(self, messages: list[dict]) -> int:
+        """The router's slot for this conversation, chosen once per task text."""
+        key = task_text(messages)
+        if key not in self.routes:
+            with self.engine.lock:  # its forward must not interleave with the engine's
+                self.routes[key] = self.router.choose(messages)
+        return self.routes[key]
+
     def route_counts(self, conversations: list[list[dict]]) -> dict[str, int]:
         """{mode: episodes the router sent there} over the router row's `conversations` (message lists):
         what the row actually ran. A conversation routed before a resume is decided again (the same
         scoring of the same text)."""
         counts: dict[str, int] = {}
         for messages in conversations:
-            key = task_text(messages)
-            if key not in self.routes:
-                with self.engine.lock:
-                    self.routes[key] = self.router.choose(messages)
-            mode = self.modes[self.routes[key]]
+            mode = self.modes[self.route(messages)]
             counts[mode] = counts.get(mode, 0) + 1
         return counts
 
@@ -116,12 +120,7 @@ class Composition:
         if mode not in self.modes:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(self.modes)}")
         if mode == "router":
-            def tag(messages, tools):
-                key = task_text(messages)
-                if key not in self.routes:
-                    with self.engine.lock:  # its forward must not interleave with the engine's
-                        self.routes[key] = self.router.choose(messages)
-                return self.routes[key]
+            tag = lambda messages, tools: self.route(messages)  # noqa: E731
         else:  # a fixed slot, its index in `modes` (0 = base, k = adapter k), or -1: the learned gates
             slot = -1 if mode == "moe" else self.modes.index(mode)
             tag = lambda messages, tools: slot
