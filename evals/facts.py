@@ -54,23 +54,14 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
     seen_calls, mentioned, used = set(), set(), []
     said = json.dumps(schemas, ensure_ascii=False)  # all the agent had seen so far: the schemas' enums, every message
     for step, m in enumerate(traj.messages):
-        for call in m.get("tool_calls") or []:  # an id made up rather than copied (e.g. customer "12345")
-            args = tool_arguments((call.get("function") or {}).get("arguments") or "{}") or {}
-            made_up = [v for v in args.values() if isinstance(v, str) and len(v) >= 3 and not re.search(r"\s", v)
-                       and v not in said]
-            if made_up:
-                name = (call.get("function") or {}).get("name", "")
-                facts["ungrounded_arguments"].append({"step": step, "detail": f"{name}: {', '.join(made_up)[:120]}"})
-        said += "\n" + str(m.get("content") or "")
-        for call in m.get("tool_calls") or []:  # arguments as sent, and decoded (a \u escape is the same value)
-            raw = (call.get("function") or {}).get("arguments") or "{}"
-            said += f"\n{raw} " + " ".join(map(str, (tool_arguments(raw) or {}).values()))
+        content = str(m.get("content") or "")
         if m.get("role") == "tool":
-            content = str(m.get("content") or "")
             if content.lstrip().lower().startswith("error"):
                 facts["tool_errors"].append({"step": step, "detail": content.strip()[:200]})
             mentioned.update(re.findall(r"[A-Za-z0-9_\-]{3,}", content))
+            said += "\n" + content
             continue
+        sent = ""  # this message's arguments, as sent and decoded (a \u escape is the same value): said after it
         for call in m.get("tool_calls") or []:
             fn = call.get("function") or {}
             name, raw = fn.get("name", ""), fn.get("arguments") or "{}"
@@ -88,7 +79,11 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
             known = not schemas or name in schemas  # a call to a tool that does not exist changed nothing
             if known and is_write(name) and ids and not any(v in mentioned for v in ids):
                 facts["write_without_read"].append({"step": step, "detail": f"{name} on {', '.join(ids)[:120]}"})
+            if made_up := [v for v in ids if not re.search(r"\s", v) and v not in said]:  # e.g. customer "12345"
+                facts["ungrounded_arguments"].append({"step": step, "detail": f"{name}: {', '.join(made_up)[:120]}"})
             mentioned.update(v for v in (args or {}).values() if isinstance(v, str))
+            sent += f"\n{raw} " + " ".join(map(str, (args or {}).values()))
+        said += "\n" + content + sent
     if not used:
         last = max((i for i, m in enumerate(traj.messages) if m.get("role") == "assistant"), default=None)
         facts["no_tool_calls"].append({"step": last, "detail": str(traj.messages[last].get("content") or "")[:120]
