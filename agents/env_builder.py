@@ -293,18 +293,14 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
     under env_patterns.decode_schema (only bindings of the target's tools that expand, only patterns that fit
     the capability: env_patterns.fitting); a choice that does not
-    fit the tools (env_patterns.PatternError), or binds the same pattern and tools as a choice of an
-    earlier round (`previous`, `failed`: they all failed the checks), goes back to the model like a
-    validation error (a choice is a few dozen tokens, so one more try than spec mode costs little)."""
+    fit the tools (env_patterns.PatternError), or binds the same pattern and tools as a `failed` choice
+    of an earlier round, goes back to the model like a validation error (a choice is a few dozen
+    tokens, so one more try than spec mode costs little)."""
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
     grammar = env_patterns.fitting(capability, env_patterns.decode_schema(target.tools))
     patterns = env_patterns.offered(grammar)
-    binding = lambda c: {k: v for k, v in (c or {}).items() if k != "request"}  # noqa: E731 - the env, not its wording
-    try:
-        last = json.loads(previous) if previous else None
-    except json.JSONDecodeError:  # an earlier round in another mode: nothing to compare with
-        last = None
-    tried = [binding(c) for c in (*failed, last) if isinstance(c, dict)]
+    binding = lambda c: {k: v for k, v in c.items() if k != "request"}  # noqa: E731 - the env, not its wording
+    tried = [binding(c) for c in failed]
 
     def expanded(choice) -> tuple[dict, dict]:
         if why := env_patterns.misfit(capability, choice.root.pattern, patterns):

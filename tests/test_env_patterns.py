@@ -388,7 +388,7 @@ def test_a_misfit_choice_goes_back_to_the_builder_in_the_same_round():
     assert "does not train precondition_verification" in builder.requests[1][-1]["content"]
 
 
-def test_a_later_round_may_not_send_the_failed_binding_again():
+def test_a_later_round_may_not_send_the_failed_binding_again(tmp_path):
     """The demo's 0.5B sent round 1's lookup_then_act choice again word for word in round 2 (at
     temperature 0.7), and calibration failed it again: a binding that failed goes back to the model."""
     from trace_rl.agents.env_builder import Target, write_pattern
@@ -397,7 +397,8 @@ def test_a_later_round_may_not_send_the_failed_binding_again():
     failed = CHOICES[0][1]
     reworded = {**failed, "request": "please suspend the line"}
     builder = RecordingLLM([json.dumps(reworded), json.dumps(GUARDED)])
-    choice, _ = write_pattern(builder, PRECONDITION, target, feedback="calibration: too hard", previous=json.dumps(failed))
+    choice, _ = write_pattern(builder, PRECONDITION, target, feedback="calibration: too hard", previous=json.dumps(failed),
+                              failed=[failed])
     assert choice == GUARDED
     assert "same pattern and tools as your previous choice" in builder.requests[1][-1]["content"]
     first = RecordingLLM([json.dumps(failed)])
@@ -406,6 +407,14 @@ def test_a_later_round_may_not_send_the_failed_binding_again():
     third = RecordingLLM([json.dumps(failed), json.dumps(GUARDED)])
     assert write_pattern(third, PRECONDITION, target, feedback="no valid choice", previous=None,
                          failed=[failed])[0] == GUARDED
+    # the synthesis round collects every earlier round's choice itself
+    from trace_rl.agents.env_builder import build_attempt
+
+    (tmp_path / "attempt_01").mkdir()
+    (tmp_path / "attempt_01" / "builder_choice.json").write_text(json.dumps(failed))
+    again = RecordingLLM([json.dumps(reworded), json.dumps(GUARDED)])
+    build_attempt(again, PRECONDITION, target, [], tmp_path, 3, "no valid choice", None, mode="pattern")
+    assert json.loads((tmp_path / "attempt_03" / "builder_choice.json").read_text()) == GUARDED
 
 
 def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
