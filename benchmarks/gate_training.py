@@ -13,29 +13,17 @@ import time
 
 import torch
 
-from moe_throughput import CONFIGS, TARGETS
+from moe_throughput import CONFIGS, peft_with_random_b
 
 
 def moe_model(config: str, dev):
-    from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from trace_rl.training.moe import Adapter, LoRAMoE
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(**CONFIGS[config], max_position_embeddings=32768)
-    base = Qwen2ForCausalLM(cfg).to(dev, torch.bfloat16).eval()
-    adapters = []
-    for i in range(2):
-        peft = get_peft_model(Qwen2ForCausalLM(cfg).to(dev, torch.bfloat16),
-                              LoraConfig(r=16, lora_alpha=16, target_modules=TARGETS), adapter_name=f"cap{i}")
-        with torch.no_grad():
-            for n, p in peft.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.02)
-        adapters.append(Adapter.from_peft(f"cap{i}", peft))
-        del peft
-    return LoRAMoE(base, adapters)
+    base = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[config], max_position_embeddings=32768)).to(dev, torch.bfloat16).eval()
+    return LoRAMoE(base, [Adapter.from_peft(f"cap{i}", peft_with_random_b(base, f"cap{i}", 0.02)) for i in range(2)])
 
 
 def main():

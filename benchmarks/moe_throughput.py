@@ -33,26 +33,28 @@ class Tok:
         return None
 
 
-def models(config: str, dev):
+def peft_with_random_b(base, name: str, std: float = 0.01):
+    """A rank-16 peft LoRA on a copy of `base` with B drawn at random (peft starts B at 0: the base)."""
     from peft import LoraConfig, get_peft_model
+
+    m = get_peft_model(copy.deepcopy(base), LoraConfig(r=16, lora_alpha=16, target_modules=TARGETS, lora_dropout=0.0),
+                       adapter_name=name)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, std)
+    return m.eval()
+
+
+def models(config: str, dev):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from trace_rl.training.moe import Adapter, LoRAMoE
 
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[config], max_position_embeddings=4096)).to(dev, torch.bfloat16).eval()
-    lcfg = LoraConfig(r=16, lora_alpha=16, target_modules=TARGETS, lora_dropout=0.0)
-
-    def peft_with_random_b(name):
-        m = get_peft_model(copy.deepcopy(base), lcfg, adapter_name=name)
-        with torch.no_grad():
-            for n, p in m.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.01)
-        return m.eval()
-
-    unmerged = peft_with_random_b("cap0")
-    adapters = [Adapter.from_peft("cap0", unmerged)] + [Adapter.from_peft(f"cap{i}", peft_with_random_b(f"cap{i}"))
+    unmerged = peft_with_random_b(base, "cap0")
+    adapters = [Adapter.from_peft("cap0", unmerged)] + [Adapter.from_peft(f"cap{i}", peft_with_random_b(base, f"cap{i}"))
                                                         for i in range(1, 4)]
     moe = LoRAMoE(copy.deepcopy(base), adapters).eval()
     with torch.no_grad():  # spread tokens over all experts, as a trained router would
