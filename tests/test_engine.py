@@ -165,6 +165,38 @@ def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok):
     assert compiled == eager
 
 
+def test_an_evaluations_modes_on_one_warm_engine_each_get_their_own_routing(model, tok):
+    """The evaluation's pattern: modes one after another on one engine (base, base again as the
+    router's pick, the learned gates), a task's trials together, several turns, columns compacted.
+    A later mode reuses the cache an earlier one left: each token must still be the full forward's
+    argmax under its own row's routing. (Checked after the proof run's router row, which routed
+    every task to the base, differed from the base row; the engine was not the cause.)"""
+    import random
+
+    moe = _moe(model, tok)
+    eng = Engine(moe, tok, rows=6, max_len=320, before_forward=moe.route_rows)
+    rng = random.Random(0)
+    words = "Paris Lima Oslo a b c d e 0 1 2 3 4 5 6 7 8 9".split()
+    system = "You are a helpful assistant. Use the tools to answer the user. " * 3
+    for slot in [0, 0, -1]:  # base, the router's base pick, the gates
+        tickets = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) for _ in range(4)]
+        convs = [[{"role": "system", "content": system + t}, {"role": "user", "content": "Solve the ticket."}]
+                 for t in tickets for _ in range(2)]
+        for turn in range(3):
+            order = rng.sample(range(len(convs)), len(convs))
+            for batch in (order[:5], order[5:]):
+                reqs = [Request(chat_ids(tok, convs[c]), 6, tag=slot) for c in batch]
+                for c, r, o in zip(batch, reqs, eng.generate(reqs)):
+                    moe.force(None if slot < 0 else slot)
+                    try:
+                        assert_greedy(moe, r.ids, o)
+                    finally:
+                        moe.force(None)
+                    convs[c] += [{"role": "assistant", "content": tok.decode(o, skip_special_tokens=True)},
+                                 {"role": "user", "content": " ".join(rng.sample(words, 4))}]
+    assert eng.stats["reused_tokens"] > 0 and eng.stats["compactions"] >= 1  # the paths under test ran
+
+
 def test_a_group_of_identical_long_prompts_fits_by_what_it_really_feeds(model, tok):
     """GRPO's group: one long prompt G times. Followers feed only their last token, so a cache
     that holds the prompt once (not G times) is enough: no compaction, no reset, no splitting."""

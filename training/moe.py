@@ -243,10 +243,11 @@ def train_gates(moe: LoRAMoE, batches, epochs: int = 3, lr: float = 5e-4, weight
     if checkpointing:  # HF checkpoints layers only in train mode (which would switch on a base's dropout; Qwen2.5 has 0.0)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
+    device = next(model.parameters()).device  # rows are built on the CPU; the model may sit on a GPU
     try:
         for _ in range(epochs):
             for batch in batches:
-                loss = moe(**batch).loss + lb_weight * moe.load_balance_loss()
+                loss = moe(**{k: v.to(device) for k, v in batch.items()}).loss + lb_weight * moe.load_balance_loss()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
