@@ -63,6 +63,7 @@ class State(TypedDict, total=False):
     composition: str | None
     target_adapter: AdapterRecord | None  # the baseline: GRPO on the target benchmark itself
     gates_untrained: str | bool | None  # why the composition's gates saw no example (moe = base); True in old runs
+    gates: str | None  # what the gates trained on and how their loss moved (report, the moe row's note)
     results: dict  # final evaluation per mode
     rollout_figures: Annotated[list, operator.add]  # one per iteration
     timings: Annotated[dict, _add_times]  # seconds per node, summed over iterations and retries
@@ -282,13 +283,13 @@ class Pipeline:
 
     # -- 5. composition and evaluation
     def compose(self, s: State) -> dict:
-        from trace_rl.training.compose import compose_trained
+        from trace_rl.training.compose import compose_trained, gate_summary
 
         adapters = {k: a.model_copy(update={"adapter": self.here(a.adapter)}) if a.adapter else a
                     for k, a in (s.get("adapters") or {}).items()}
         path, untrained = compose_trained(adapters, self.dir / "train", self.dir / "composition",
                                           self.comps.load_base, log=self.log, **self.cfg.compose.model_dump())
-        return {"composition": path, "gates_untrained": untrained}
+        return {"composition": path, "gates_untrained": untrained, "gates": gate_summary(path) if path else None}
 
     def train_target(self, s: State) -> dict:
         """The baseline (config `target_baseline`): GRPO on the target's own rollout-split tasks with

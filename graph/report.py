@@ -25,6 +25,8 @@ def row_notes(s: dict) -> dict[str, str]:
         notes.update({"moe": f"moe = base: {why}", "router": f"router = base: {why}"})
     elif why := s.get("gates_untrained"):
         notes["moe"] = f"moe = base: gates untrained ({why if isinstance(why, str) else 'no example to train them on'})"
+    elif s.get("gates"):
+        notes["moe"] = s["gates"]
     routes = ((s.get("results") or {}).get("router") or {}).get("routes")
     if routes and set(routes) == {"base"}:
         notes["router"] = "router = base: the classifier sent every task to the base"
@@ -106,7 +108,7 @@ def report_data(s: dict, run_dir: Path, benchmark: str) -> dict:
             "analysis": s.get("analysis"),
             "environments": {k: v.model_dump() for k, v in (s.get("envs") or {}).items()},
             "adapters": {k: v.model_dump() for k, v in (s.get("adapters") or {}).items()},
-            "composition": s.get("composition"), "gates_untrained": s.get("gates_untrained"),
+            "composition": s.get("composition"), "gates_untrained": s.get("gates_untrained"), "gates": s.get("gates"),
             "target_adapter": (s.get("target_adapter") or None) and s["target_adapter"].model_dump(),
             "evaluation": s.get("results"), "stages": stage_summary(s), "notes": row_notes(s),
             "timings": s.get("timings")}

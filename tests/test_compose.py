@@ -143,8 +143,28 @@ def test_rollouts_longer_than_max_len_are_left_out_whole_and_named(tmp_path):
     caps = [{"name": "a", "description": "d"}]
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long, long], tmp_path / "c", max_len=n_long - 1)
     assert gates_untrained(tmp_path / "c") == f"all 2 of 2 successful rollouts run past max_len={n_long - 1} tokens"
-    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long], tmp_path / "d", max_len=n_long)
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long], tmp_path / "d", max_len=n_long, sources={"a": 1})
     assert gates_untrained(tmp_path / "d") is None
+
+
+def test_the_gate_summary_says_where_the_examples_came_from_and_how_the_loss_moved(tmp_path):
+    """The proof run's moe row read against its gates: 72 rollouts, nearly all from one environment,
+    and a loss that did not fall. The report says so beside the row."""
+    import json
+
+    from trace_rl.training.compose import gate_summary
+
+    tok = tiny_tokenizer()
+    saved_adapter(tok, tmp_path / "a", 1)
+    short = (MSGS + [{"role": "assistant", "content": "aaaa a"}], LetterEpisode.tools)
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [short, short],
+            tmp_path / "c", epochs=2, sources={"a": 2})
+    g = json.loads((tmp_path / "c" / "manifest.json").read_text())["gate_training"]
+    assert g["from"] == {"a": 2}
+    assert gate_summary(tmp_path / "c") == (f"gates trained on 2 successful rollouts (a: 2), 2 epochs, "
+                                            f"loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [], tmp_path / "e")
+    assert gate_summary(tmp_path / "e") == "gates untrained: 0 successful rollouts to train them on"
 
 
 ROUTER_CAPS = [

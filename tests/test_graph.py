@@ -488,3 +488,12 @@ def test_a_router_that_sent_every_task_to_the_base_is_marked_as_the_base():
     mixed = {"tasks": 5, "routes": {"base": 2, "lookup": 3}}
     assert "router" not in row_notes({"composition": "c", "results": {"router": mixed}})
     assert eval_note({"notes": {}}, "router", mixed) == "routed: lookup 3, base 2"
+
+
+def test_the_moe_row_carries_what_its_gates_trained_on_unless_they_are_untrained():
+    from trace_rl.graph.report import row_notes
+
+    gates = "gates trained on 72 successful rollouts (a: 72, b: 0), 3 epochs, loss 1.138 → 1.139"
+    assert row_notes({"composition": "c", "gates": gates})["moe"] == gates
+    untrained = row_notes({"composition": "c", "gates_untrained": "0 successful rollouts", "gates": "x"})
+    assert untrained["moe"] == "moe = base: gates untrained (0 successful rollouts)"

@@ -147,16 +147,19 @@ def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]],
 
 def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[dict],
             conversations: list[tuple[list[dict], list[dict]]], out_dir: str | Path, epochs: int = 3,
-            lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3, max_len: int = 16384) -> LoRAMoE:
+            lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3, max_len: int = 16384,
+            sources: dict[str, int] | None = None) -> LoRAMoE:
     """Build the MoE from trained adapters, train its gates on successful rollouts
-    (token cross-entropy + load balance, TRACE §5 defaults) and save one artefact."""
+    (token cross-entropy + load balance, TRACE §5 defaults) and save one artefact.
+    `sources`: how many of `conversations` each capability's environment gave (kept in the manifest)."""
     moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
     rows, too_long = gate_examples(tokenizer, conversations, max_len)
     losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
     moe.save(out_dir, capabilities=capabilities, gate_training={
         "examples": len(rows), "offered": len(conversations), "too_long": too_long, "max_len": max_len,
         "epochs": epochs, "lr": lr, "weight_decay": weight_decay, "lb_weight": lb_weight,
-        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None})
+        "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "from": sources or {}})
     return moe
 
 
@@ -194,6 +197,16 @@ def gates_untrained(composition_dir: str | Path) -> str | None:
     return "0 successful rollouts to train them on"
 
 
+def gate_summary(composition_dir: str | Path) -> str:
+    """What the gates trained on and how their loss moved: the moe row is read against it."""
+    g = json.loads((Path(composition_dir) / "manifest.json").read_text()).get("gate_training") or {}
+    if not g.get("examples"):
+        return f"gates untrained: {gates_untrained(composition_dir)}"
+    where = ", ".join(f"{k}: {v}" for k, v in (g.get("from") or {}).items())
+    return (f"gates trained on {g['examples']} successful rollouts" + (f" ({where})" if where else "")
+            + f", {g['epochs']} epochs, loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
+
+
 def adapter_names(adapters: dict) -> dict[str, str]:
     """{capability: the mode its adapter is composed and evaluated under} for every adapter that changed in
     training ({capability: AdapterRecord}): named after what it trained on; two capabilities substituted by
@@ -225,14 +238,17 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
         if saved["adapters"] == list(names.values()) and all(
                 (saved.get("gate_training") or {}).get(k) == v for k, v in gate_training.items()):
             return str(out), gates_untrained(out)
-    convs = []
+    convs, sources = [], {}
     for name in trained:
         tools = json.loads((train_dir / name / "tools.json").read_text())
+        before = len(convs)
         for sub in ("grpo/rollouts", "heldout_after"):
             convs += [(t.messages, tools) for t in TrajectoryStore(train_dir / name / sub).all() if t.passed]
+        sources[names[name]] = len(convs) - before
     model, tok = load_base()
     caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
-    compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, **gate_training)
+    compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, sources=sources,
+            **gate_training)
     if why := gates_untrained(out):
         log(f"compose: GATES UNTRAINED: {why}; the moe row routes every token to the base")
     return str(out), why
