@@ -214,7 +214,7 @@ def _print_status(run_dir, st: dict) -> None:
     t = st.get("timings") or {}
     table = Table("stage", "wall s", "outcome", "detail", title=f"trace-rl run {run_dir}")
     seen = set()
-    for row in stage_summary(st):  # a stage may have a row per capability: its time on the first
+    for row in stage_summary(st, Path(run_dir)):  # a stage may have a row per capability: its time on the first
         secs = sum(t.get(n, 0) for n in STAGE_NODES.get(row["stage"], [row["stage"]]))
         table.add_row(row["stage"], "" if row["stage"] in seen else f"{secs:.0f}", row["outcome"], row["detail"])
         seen.add(row["stage"])

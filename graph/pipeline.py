@@ -143,16 +143,7 @@ class Pipeline:
         return self.dir / f"iter_{s.get('iteration', 0)}"
 
     def here(self, path: str) -> str:
-        """A path the state recorded, on this machine. A run packed on one machine and unpacked on
-        another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path
-        that is gone is the same stage output under this run directory."""
-        p = Path(path)
-        if p.exists():
-            return path
-        tops = {out.split("/")[0] for outs in STAGE_OUTPUTS.values() for out in outs}
-        i = next((i for i in range(len(p.parts) - 1, -1, -1) if p.parts[i] in tops), None)
-        moved = self.dir.joinpath(*p.parts[i:]) if i is not None else p
-        return str(moved) if moved.exists() else path
+        return here(path, self.dir)
 
     def cap(self, s: State) -> CapabilityRecord:
         """The capability being built."""
@@ -432,6 +423,19 @@ NODES = ["rollout", "analyse", "select", "next_capability", "synthesise", "appro
 # where each stage keeps its output in the run directory (iteration folders: the first iteration's)
 STAGE_OUTPUTS = {"rollout": ["iter_0/rollouts"], "analyse": ["iter_0/analysis"], "synthesise": ["envs"],
                  "train": ["train", "train_target"], "compose": ["composition"], "evaluate": ["iter_0/eval"]}
+
+
+def here(path: str, run_dir: Path) -> str:
+    """A path the state recorded, on this machine. A run packed on one machine and unpacked on
+    another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path
+    that is gone is the same stage output under `run_dir`."""
+    p = Path(path)
+    if p.exists():
+        return path
+    tops = {out.split("/")[0] for outs in STAGE_OUTPUTS.values() for out in outs}
+    i = next((i for i in range(len(p.parts) - 1, -1, -1) if p.parts[i] in tops), None)
+    moved = Path(run_dir).joinpath(*p.parts[i:]) if i is not None else p
+    return str(moved) if moved.exists() else path
 DECISION_STAGE = {"capabilities@": "analyse", "env:": "synthesise"}  # an approval belongs to what it judged
 
 

@@ -42,17 +42,34 @@ def verifier_report(env_path: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def calibrated(env_path: str) -> bool:
-    """Whether the verifier measured this environment with the base model (its report says)."""
+def calibrated(env_path: str) -> bool | None:
+    """Whether the verifier measured this environment with the base model (its report says);
+    None where no report can be read."""
     try:
         report = verifier_report(env_path)
     except (OSError, ValueError):
-        return True  # no report to read (a library env verified elsewhere): nothing to say
-    return not isinstance(report, dict) or report.get("calibration") is not None
+        return None
+    return report.get("calibration") is not None if isinstance(report, dict) else None
 
 
-def stage_summary(s: dict) -> list[dict]:
-    """What each stage produced, substituted or skipped, in words: the report's first table."""
+def calibration_note(env: EnvRecord, run_dir: Path | None) -> str:
+    """The synthesise row's word on calibration: off, or unknown where the verifier's report is gone."""
+    if not env.env or env.substitute:  # a library env was verified where it was written: nothing to say
+        return ""
+    if run_dir is not None:
+        from trace_rl.graph.pipeline import here
+
+        path = here(env.env, run_dir)
+    else:
+        path = env.env
+    state = calibrated(path)
+    return "; not calibrated (calibrate is off)" if state is False else \
+        "; calibration unknown (no verifier report at the recorded path)" if state is None else ""
+
+
+def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
+    """What each stage produced, substituted or skipped, in words: the report's first table.
+    `run_dir`: where the state's recorded paths are looked for when the run moved machines."""
     rows = []
     figs = (s.get("rollout_figures") or [{}])[-1]
     if figs:
@@ -80,7 +97,7 @@ def stage_summary(s: dict) -> list[dict]:
         rows.append({"stage": "synthesise", "outcome": outcome, "detail": f"{name}: " + (
             env.substitute or env.reason or f"{env.status} after {env.rounds} builder round(s)") + (
             f"; {PATTERN_NOTE} ({env.source.split(':', 1)[1]})" if env.source.startswith("pattern:") else "") + (
-            "; not calibrated (calibrate is off)" if env.env and not calibrated(env.env) else "")})
+            calibration_note(env, run_dir))})
     a: AdapterRecord
     for cap, a in (s.get("adapters") or {}).items():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""
@@ -110,7 +127,7 @@ def report_data(s: dict, run_dir: Path, benchmark: str) -> dict:
             "adapters": {k: v.model_dump() for k, v in (s.get("adapters") or {}).items()},
             "composition": s.get("composition"), "gates_untrained": s.get("gates_untrained"), "gates": s.get("gates"),
             "target_adapter": (s.get("target_adapter") or None) and s["target_adapter"].model_dump(),
-            "evaluation": s.get("results"), "stages": stage_summary(s), "notes": row_notes(s),
+            "evaluation": s.get("results"), "stages": stage_summary(s, run_dir), "notes": row_notes(s),
             "timings": s.get("timings")}
 
 

@@ -497,3 +497,24 @@ def test_the_moe_row_carries_what_its_gates_trained_on_unless_they_are_untrained
     assert row_notes({"composition": "c", "gates": gates})["moe"] == gates
     untrained = row_notes({"composition": "c", "gates_untrained": "0 successful rollouts", "gates": "x"})
     assert untrained["moe"] == "moe = base: gates untrained (0 successful rollouts)"
+
+
+def test_a_moved_run_still_says_its_envs_were_not_calibrated(tmp_path):
+    """The GPU's report of a run built on the CPU machine once dropped "not calibrated": the recorded
+    env path was the CPU's, no report was found there, and a missing report read as calibrated."""
+    import json
+
+    from trace_rl.core.records import EnvRecord
+    from trace_rl.graph.report import stage_summary
+
+    env_dir = tmp_path / "run" / "envs" / "cap" / "attempt_01"
+    env_dir.mkdir(parents=True)
+    (env_dir / "env.py").write_text("")
+    (env_dir / "verifier_report.json").write_text(json.dumps({"passed": True, "findings": [], "calibration": None}))
+    record = EnvRecord(status="verified", env="/elsewhere/runs/x/envs/cap/attempt_01/env.py", rounds=1)
+    synth = lambda run_dir: next(r for r in stage_summary({"envs": {"cap": record}}, run_dir)  # noqa: E731
+                                 if r["stage"] == "synthesise")["detail"]
+    assert synth(tmp_path / "run").endswith("; not calibrated (calibrate is off)")
+    assert synth(None).endswith("; calibration unknown (no verifier report at the recorded path)")
+    (env_dir / "verifier_report.json").write_text(json.dumps({"calibration": {"mean_reward": 0.4}}))
+    assert synth(tmp_path / "run") == "cap: verified after 1 builder round(s)"
