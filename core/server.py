@@ -109,6 +109,10 @@ class LlamaServer(ServerProcess):
     n_threads: int = max(1, os.cpu_count() or 1)
     chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
     lora: str | Path | None = None  # a GGUF LoRA (core.lora_gguf) applied on top of the model
+    # flash attention ($TRACE_RL_FLASH_ATTN=1): reads τ²'s 5-10k-token prompts 1.5x as fast on 2 cores, decodes
+    # 0.86x as fast (benchmarks/llama_cpu.py); but greedy replies then depend on how a prompt was split between
+    # cached and new tokens, so a resumed or cached run could answer differently. Off: they never do (tested)
+    flash_attn: bool = field(default_factory=lambda: os.environ.get("TRACE_RL_FLASH_ATTN", "0") == "1")
     # where long prompts' states are kept between servers (PromptStates): $TRACE_RL_PROMPT_STATES if it names a
     # folder, none if it is 0, else the cache's prompt-states/
     prompt_states: Path | None = field(default_factory=default_prompt_states)
@@ -126,7 +130,8 @@ class LlamaServer(ServerProcess):
             if self.prompt_states else []
         return [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), *states, "--model", str(path), "--model_alias",
                 self.model_name, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-                "--n_threads", str(self.n_threads)] + (["--chat_format", chat_format] if chat_format else []) \
+                "--n_threads", str(self.n_threads), "--flash_attn", str(self.flash_attn).lower()] \
+            + (["--chat_format", chat_format] if chat_format else []) \
             + (["--lora_path", str(self.lora)] if self.lora else [])
 
 
@@ -149,13 +154,13 @@ class PromptStates:
     A state belongs to one model file (and LoRA) and context size (its own folder); `keep` newest states stay."""
 
     def __init__(self, root: Path, model: Path, n_ctx: int, n_batch: int, min_tokens: int = 1024, keep: int = 4,
-                 lora: Path | None = None):
+                 lora: Path | None = None, flash_attn: bool = False):
         import hashlib
 
         import llama_cpp
 
         key = "|".join(f"{f.resolve()}|{f.stat().st_size}|{f.stat().st_mtime_ns}" for f in (model, lora) if f)
-        key += f"|{n_ctx}|{n_batch}|{llama_cpp.__version__}"
+        key += f"|{n_ctx}|{n_batch}|{llama_cpp.__version__}" + ("|flash_attn" if flash_attn else "")  # its own V layout
         self.dir = Path(root) / f"{model.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
         self.min_tokens, self.keep = min_tokens, keep
         self.bad: set[Path] = set()  # states that failed to load here: not tried again
@@ -192,8 +197,8 @@ class PromptStates:
         if not llama_cpp.llama_state_load_file(llama._ctx.ctx, str(best[1]).encode(), out, n, ctypes.byref(count)) \
                 or list(out[:count.value]) != best[2]:
             self.bad.add(best[1])  # torn, pruned meanwhile, or from another build: compute the prompt instead
-            llama.reset()  # the load may have written part of the cache: nothing in it is trusted
-            llama._ctx.kv_cache_seq_rm(-1, 0, -1)
+            llama.reset()  # the load may have written part of the cache: nothing in it is trusted (cleared with
+            llama._ctx.kv_cache_clear()  # its data: under flash attention, stale cells changed the next replies)
             return 0
         llama.input_ids[:n] = best[2]
         llama.n_tokens, llama._requires_eval = n, True
@@ -308,7 +313,8 @@ def _serve_while_parent_lives() -> None:
         arg = dict(zip(sys.argv[1::2], sys.argv[2::2]))
         PromptStates(Path(ours["prompt-states"]), Path(arg["--model"]), int(arg.get("--n_ctx", 2048)),
                      int(arg.get("--n_batch", 512)), int(ours.get("prompt-state-min-tokens", 1024)),
-                     lora=Path(arg["--lora_path"]) if "--lora_path" in arg else None).install(llama_cpp.Llama)
+                     lora=Path(arg["--lora_path"]) if "--lora_path" in arg else None,
+                     flash_attn=arg.get("--flash_attn", "false").lower() == "true").install(llama_cpp.Llama)
     from llama_cpp.server.__main__ import main
 
     main()

@@ -76,3 +76,19 @@ def test_the_prompt_state_cache_drops_least_recently_used_folders_over_its_budge
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-a", "current"]
     assert prune_prompt_states(tmp_path, folders["current"], budget_gb=0) == [folders["adapter-a"]]
     assert [p.name for p in tmp_path.iterdir()] == ["current"]
+
+
+def test_flash_attention_is_opt_in_and_keeps_its_own_prompt_states(tmp_path, monkeypatch):
+    """Off by default: under it a reply depends on how the prompt was split between cached and new tokens."""
+    from trace_rl.core.models import gguf_path
+    from trace_rl.core.server import PromptStates
+
+    monkeypatch.delenv("TRACE_RL_FLASH_ATTN", raising=False)
+    cmd = server(None).command()
+    assert cmd[cmd.index("--flash_attn") + 1] == "false"
+    monkeypatch.setenv("TRACE_RL_FLASH_ATTN", "1")
+    cmd = server(None).command()
+    assert cmd[cmd.index("--flash_attn") + 1] == "true"
+    model = gguf_path("smollm2-135m")
+    dirs = {PromptStates(tmp_path, model, 2048, 512, flash_attn=fa).dir for fa in (False, True)}
+    assert len(dirs) == 2  # the two kernels' caches are not interchangeable
