@@ -147,8 +147,15 @@ class Capability(BaseModel):
 
 class Candidates(BaseModel):
     # at least one: an empty list parses but names nothing to label (the 0.5B's answer once, docs/benchmarks);
-    # at most the method's 10
+    # at most the method's 10 (a run asks for at most its n_candidates: candidates_schema)
     capabilities: list[Capability] = Field(min_length=1, max_length=10)
+
+
+def candidates_schema(n: int) -> type[Candidates]:
+    """Candidates of at most `n` capabilities in the schema itself, so that a grammar-constrained decoder
+    cannot write an (n+1)-th: the demo's 0.5B proposed 4 of 3 in all 5 attempts when only a check said so."""
+    return create_model("Candidates", __base__=Candidates,
+                        capabilities=(list[Capability], Field(min_length=1, max_length=n)))
 
 
 def resolve_id(given: str, ids: set[str]) -> str | None:
@@ -230,7 +237,7 @@ def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: i
     failed_ids = {i for i, t in ids.items() if not t.passed}
     msgs = [{"role": "system", "content": prompts.load("analyst_discovery", n_candidates=str(cfg.n_candidates))},
             {"role": "user", "content": text}]
-    caps = llm.structured(msgs, Candidates, attempts, check=lambda c: _check_candidates(c, cfg, failed_ids))
+    caps = llm.structured(msgs, candidates_schema(cfg.n_candidates), attempts, check=lambda c: _check_candidates(c, cfg, failed_ids))
     for c in caps:  # back from the aliases to the trajectories' keys
         c.example_task_ids = list(dict.fromkeys(ids[i].key for i in c.example_task_ids))
     return caps

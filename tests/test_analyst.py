@@ -158,6 +158,23 @@ def test_discovery_rejects_domain_recipes_and_retries(tmp_path):
     assert "names the domain (flight)" in llm.requests[1][-1]["content"]
 
 
+def test_discovery_asks_for_at_most_n_candidates_in_the_decoding_schema():
+    """A check after decoding was not enough: the demo's 0.5B proposed 4 of 3 in all 5 attempts. The
+    schema the endpoint decodes to now holds the bound, so a grammar cannot write a fourth."""
+    from trace_rl.agents.analyst import discover
+
+    trajs = [traj(i, passed=i == 0) for i in range(4)]
+    failed = [t.key for t in trajs if not t.passed]
+    llm = ScriptedLLM([json.dumps({"capabilities": [{"name": "state_tracking", "description": "Tracks state. Well.",
+                                                     "example_task_ids": failed[:2]}]})])
+    formats = []
+    complete = llm._complete
+    llm._complete = lambda messages, tools, **kw: formats.append(kw.get("response_format")) or complete(messages, tools)
+    discover(llm, trajs, AnalysisConfig(n_candidates=3))
+    schema = formats[0]["json_schema"]["schema"] if "json_schema" in formats[0] else formats[0]["schema"]
+    assert schema["properties"]["capabilities"]["maxItems"] == 3
+
+
 def test_discovery_reads_the_code_found_summary_of_all_trajectories():
     from trace_rl.agents.analyst import discover
     from trace_rl.evals.facts import trajectory_facts
