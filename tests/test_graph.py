@@ -518,3 +518,18 @@ def test_a_moved_run_still_says_its_envs_were_not_calibrated(tmp_path):
     assert synth(None).endswith("; calibration unknown (no verifier report at the recorded path)")
     (env_dir / "verifier_report.json").write_text(json.dumps({"calibration": {"mean_reward": 0.4}}))
     assert synth(tmp_path / "run") == "cap: verified after 1 builder round(s)"
+
+
+def test_a_train_row_says_when_the_base_already_passed_every_held_out_seed():
+    from trace_rl.core.records import AdapterRecord, HeldOut, TrainedOn
+    from trace_rl.graph.report import stage_summary
+
+    def row(before: float) -> str:
+        a = AdapterRecord(trained_on=TrainedOn(name="cap", description=""), steps=4,
+                          before=HeldOut(success=before, mean_reward=before, episodes=16),
+                          after=HeldOut(success=1.0, mean_reward=1.0, episodes=16))
+        return next(r for r in stage_summary({"adapters": {"cap": a}}) if r["stage"] == "train")["detail"]
+
+    assert row(1.0).endswith("held-out success 100% → 100% (the base already passed every held-out seed: "
+                             "the env is too easy for it)")
+    assert "too easy" not in row(0.5)
