@@ -17,7 +17,7 @@
 #                       while a second process on the same GPU trains the target baseline with STEPS steps (= the
 #                       capabilities' steps together: 4 per approved env here; only on a GPU of 100 GB or more,
 #                       else the next `resume` trains it); `resume` then evaluates
-#   resume SECONDS [new] (MODES="m1 m2": evaluate only these rows) with `new`: unpack the carried .device/run (the run as the CPU machine left it:
+#   resume SECONDS [new] (MODES="m1 m2": evaluate only these rows, on EVAL_TASKS tasks) with `new`: unpack the carried .device/run (the run as the CPU machine left it:
 #                       envs built and verified in Docker), keeping the train_target/ this machine made;
 #                       then resume it on the engine (train, compose, evaluate) and pack it. Without `new`,
 #                       continue the run already here (a cut resume)
@@ -114,7 +114,10 @@ from pathlib import Path
 from trace_rl.core.io import atomic_write_json
 from trace_rl.graph.config import stage_fingerprints
 from trace_rl.graph.rundir import load_saved_config
+import os
 path = Path(sys.argv[1]); cfg = json.loads(path.read_text()); cfg["eval_modes"] = sys.argv[2:]
+if os.environ.get("EVAL_TASKS"):  # fewer test tasks (the first N of the split), where device time is short
+    cfg["eval_tasks"] = int(os.environ["EVAL_TASKS"])
 atomic_write_json(path, cfg)  # and the stages' fingerprints with it: only the evaluation changed, nothing is stale
 stages = json.loads((path.parent / "stages.json").read_text())
 atomic_write_json(path.parent / "stages.json", {**stages, "evaluate": stage_fingerprints(load_saved_config(path.parent))["evaluate"]})

@@ -165,6 +165,9 @@ def test_the_gate_summary_says_where_the_examples_came_from_and_how_the_loss_mov
                                             f"loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [], tmp_path / "e")
     assert gate_summary(tmp_path / "e") == "gates untrained: 0 successful rollouts to train them on"
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [short], tmp_path / "z",
+            epochs=0)  # examples, but not one step: the moe is the base
+    assert gate_summary(tmp_path / "z") == "gates untrained: 0 gate steps (0 epochs on 1 successful rollouts)"
 
 
 ROUTER_CAPS = [

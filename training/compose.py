@@ -186,6 +186,8 @@ def gates_untrained(composition_dir: str | Path) -> str | None:
     """Why a composition's gates saw no example (its moe routes every token to the base, slot 0), or None."""
     manifest = json.loads((Path(composition_dir) / "manifest.json").read_text())
     g = manifest.get("gate_training") or {}
+    if g.get("examples") and g.get("loss_first") is None:  # compose.epochs = 0: examples, but no step taken
+        return f"0 gate steps ({g.get('epochs')} epochs on {g['examples']} successful rollouts)"
     if g.get("examples"):
         return None
     if g.get("too_long"):
@@ -200,8 +202,8 @@ def gates_untrained(composition_dir: str | Path) -> str | None:
 def gate_summary(composition_dir: str | Path) -> str:
     """What the gates trained on and how their loss moved: the moe row is read against it."""
     g = json.loads((Path(composition_dir) / "manifest.json").read_text()).get("gate_training") or {}
-    if not g.get("examples"):
-        return f"gates untrained: {gates_untrained(composition_dir)}"
+    if why := gates_untrained(composition_dir):
+        return f"gates untrained: {why}"
     where = ", ".join(f"{k}: {v}" for k, v in (g.get("from") or {}).items())
     return (f"gates trained on {g['examples']} successful rollouts" + (f" ({where})" if where else "")
             + f", {g['epochs']} epochs, loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
