@@ -38,7 +38,7 @@ from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.graph.approvals import THREAD, auto_decision, decisions_path, pending, read_decisions, record_decision
 from trace_rl.graph.config import STAGE_FIELDS, ConfigError, RunConfig, stage_fingerprints
 from trace_rl.graph.report import row_notes, write_run_report
-from trace_rl.graph.rundir import check_run_dir, load_saved_config, read_json_file, save_config
+from trace_rl.graph.rundir import STAGE_OUTPUTS, check_run_dir, here, load_saved_config, read_json_file, save_config
 
 
 # ---------------------------------------------------------------- state
@@ -420,22 +420,6 @@ NODES = ["rollout", "analyse", "select", "next_capability", "synthesise", "appro
 
 
 # ---------------------------------------------------------------- running, resuming
-# where each stage keeps its output in the run directory (iteration folders: the first iteration's)
-STAGE_OUTPUTS = {"rollout": ["iter_0/rollouts"], "analyse": ["iter_0/analysis"], "synthesise": ["envs"],
-                 "train": ["train", "train_target"], "compose": ["composition"], "evaluate": ["iter_0/eval"]}
-
-
-def here(path: str, run_dir: Path) -> str:
-    """A path the state recorded, on this machine. A run packed on one machine and unpacked on
-    another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path
-    that is gone is the same stage output under `run_dir`."""
-    p = Path(path)
-    if p.exists():
-        return path
-    tops = {out.split("/")[0] for outs in STAGE_OUTPUTS.values() for out in outs}
-    i = next((i for i in range(len(p.parts) - 1, -1, -1) if p.parts[i] in tops), None)
-    moved = Path(run_dir).joinpath(*p.parts[i:]) if i is not None else p
-    return str(moved) if moved.exists() else path
 DECISION_STAGE = {"capabilities@": "analyse", "env:": "synthesise"}  # an approval belongs to what it judged
 
 

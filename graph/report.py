@@ -57,7 +57,7 @@ def calibration_note(env: EnvRecord, run_dir: Path | None) -> str:
     if not env.env or env.substitute:  # a library env was verified where it was written: nothing to say
         return ""
     if run_dir is not None:
-        from trace_rl.graph.pipeline import here
+        from trace_rl.graph.rundir import here
 
         path = here(env.env, run_dir)
     else:

@@ -20,6 +20,24 @@ class RunDirError(ValueError):
     """A run directory that cannot be used as it is; the message names the file and the fix."""
 
 
+# what each stage writes in a run directory (a stale stage's outputs are archived; a moved run finds them)
+STAGE_OUTPUTS = {"rollout": ["iter_0/rollouts"], "analyse": ["iter_0/analysis"], "synthesise": ["envs"],
+                 "train": ["train", "train_target"], "compose": ["composition"], "evaluate": ["iter_0/eval"]}
+
+
+def here(path: str, run_dir: Path) -> str:
+    """A path the state recorded, on this machine. A run packed on one machine and unpacked on
+    another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path
+    that is gone is the same stage output under `run_dir`."""
+    p = Path(path)
+    if p.exists():
+        return path
+    tops = {out.split("/")[0] for outs in STAGE_OUTPUTS.values() for out in outs}
+    i = next((i for i in range(len(p.parts) - 1, -1, -1) if p.parts[i] in tops), None)
+    moved = Path(run_dir).joinpath(*p.parts[i:]) if i is not None else p
+    return str(moved) if moved.exists() else path
+
+
 def read_json_file(path: Path, what: str):
     """A run directory's JSON file, or a RunDirError naming it (never a traceback, nothing written)."""
     try:
