@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.records import PATTERN_NOTE, AdapterRecord, CapabilityRecord, EnvRecord
+from trace_rl.graph.rundir import here
 
 # graph nodes whose wall time a stage row sums
 STAGE_NODES = {"synthesise": ["synthesise", "approve_env"], "analyse": ["analyse", "select"]}
@@ -56,15 +57,9 @@ def calibration_note(env: EnvRecord, run_dir: Path | None) -> str:
     """The synthesise row's word on calibration: off, or unknown where the verifier's report is gone."""
     if not env.env or env.substitute:  # a library env was verified where it was written: nothing to say
         return ""
-    if run_dir is not None:
-        from trace_rl.graph.rundir import here
-
-        path = here(env.env, run_dir)
-    else:
-        path = env.env
-    state = calibrated(path)
-    return "; not calibrated (calibrate is off)" if state is False else \
-        "; calibration unknown (no verifier report at the recorded path)" if state is None else ""
+    measured = calibrated(here(env.env, run_dir) if run_dir is not None else env.env)
+    return "; not calibrated (calibrate is off)" if measured is False else \
+        "; calibration unknown (no verifier report at the recorded path)" if measured is None else ""
 
 
 def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:

@@ -109,12 +109,11 @@ PY
     [ -d "$RUN" ] || { echo "no run at $RUN: resume SECONDS new, carrying .device/run" >&2; exit 1; }
     if [ -n "${MODES:-}" ]; then  # MODES="a b": evaluate these rows only (an ablation: one adapter alone, ...)
       python3 - "$RUN/config.json" $MODES <<'PY' || exit 1
-import json, sys
+import json, os, sys
 from pathlib import Path
 from trace_rl.core.io import atomic_write_json
 from trace_rl.graph.config import stage_fingerprints
 from trace_rl.graph.rundir import load_saved_config
-import os
 path = Path(sys.argv[1]); cfg = json.loads(path.read_text()); cfg["eval_modes"] = sys.argv[2:]
 if os.environ.get("EVAL_TASKS"):  # fewer test tasks (the first N of the split), where device time is short
     cfg["eval_tasks"] = int(os.environ["EVAL_TASKS"])

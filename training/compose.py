@@ -182,10 +182,12 @@ def saved_modes(path: str | Path) -> list[str]:
     return _modes(_capabilities(path))
 
 
-def gates_untrained(composition_dir: str | Path) -> str | None:
-    """Why a composition's gates saw no example (its moe routes every token to the base, slot 0), or None."""
-    manifest = json.loads((Path(composition_dir) / "manifest.json").read_text())
-    g = manifest.get("gate_training") or {}
+def _gate_training(composition_dir: str | Path) -> dict:
+    """The manifest's record of gate training ({} for a composition saved before there was one)."""
+    return json.loads((Path(composition_dir) / "manifest.json").read_text()).get("gate_training") or {}
+
+
+def _untrained_because(g: dict) -> str | None:
     if g.get("examples") and g.get("loss_first") is None:  # compose.epochs = 0: examples, but no step taken
         return f"0 gate steps ({g.get('epochs')} epochs on {g['examples']} successful rollouts)"
     if g.get("examples"):
@@ -199,10 +201,15 @@ def gates_untrained(composition_dir: str | Path) -> str | None:
     return "0 successful rollouts to train them on"
 
 
+def gates_untrained(composition_dir: str | Path) -> str | None:
+    """Why a composition's gates saw no example (its moe routes every token to the base, slot 0), or None."""
+    return _untrained_because(_gate_training(composition_dir))
+
+
 def gate_summary(composition_dir: str | Path) -> str:
     """What the gates trained on and how their loss moved: the moe row is read against it."""
-    g = json.loads((Path(composition_dir) / "manifest.json").read_text()).get("gate_training") or {}
-    if why := gates_untrained(composition_dir):
+    g = _gate_training(composition_dir)
+    if why := _untrained_because(g):
         return f"gates untrained: {why}"
     where = ", ".join(f"{k}: {v}" for k, v in (g.get("from") or {}).items())
     return (f"gates trained on {g['examples']} successful rollouts" + (f" ({where})" if where else "")
