@@ -1,10 +1,12 @@
-"""τ²-bench rollouts on llama.cpp with and without saved prompt states (core/server.PromptStates), side by side.
+"""τ²-bench rollouts on llama.cpp with and without saved prompt states (core/server.PromptStates), and
+with the solo ticket in the system prompt or after the tools (Tau2Options.ticket), side by side.
 
 A pipeline stage starts its own llama.cpp server (rollout, then evaluation; a resumed or repeated run starts
-new ones); without saved states each new server reads the domain's ~10k-token system prompt again. Each arm
-runs two stages of E episodes, each on a fresh server, greedy (T=0), so the two arms' trajectories must be
-identical token for token: the script checks that and prints the stage times.
-    .venv/bin/python benchmarks/prompt_states.py [--domain telecom] [--episodes 3] [--json out.json]
+new ones); without saved states each new server reads the domain's ~10k-token system prompt again, and in
+upstream's layout each new task re-reads the ~4.6k tokens of tool schemas that follow its ticket. Each arm
+runs two stages of E episodes, each on a fresh server, greedy (T=0). Arms of one layout must give identical
+trajectories (checked); the after_tools arm is another prompt, so it is compared by passes only.
+    .venv/bin/python benchmarks/prompt_states.py [--domain telecom] [--episodes 3] [--arms before,after_tools]
 """
 import argparse
 import json
@@ -18,6 +20,10 @@ from trace_rl.agents.base_agent import run_episode
 from trace_rl.core.llm import LLM
 from trace_rl.core.server import LlamaServer
 from trace_rl.evals.tau2_bench import Tau2Benchmark
+
+
+# arm -> (where the solo ticket goes, saved prompt states)
+ARMS = {"before": ("system", False), "states": ("system", True), "after_tools": ("after_tools", True)}
 
 
 def stage(bench, split: str, n: int, model: str, states: Path | None, max_steps: int, max_tokens: int) -> dict:
@@ -51,14 +57,16 @@ def main():
     ap.add_argument("--episodes", type=int, default=3, help="episodes per stage")
     ap.add_argument("--max-steps", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    bench = Tau2Benchmark(args.domain)
     arms = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for arm, states in [("no saved states (before)", None), ("saved prompt states (after)", Path(tmp))]:
-            arms[arm] = [stage(bench, split, args.episodes, args.model, states, args.max_steps, args.max_tokens)
-                         for split in ("train", "test")]
+    for arm in args.arms.split(","):
+        ticket, saved = ARMS[arm]
+        bench = Tau2Benchmark(args.domain, ticket=ticket)
+        with tempfile.TemporaryDirectory() as tmp:
+            arms[arm] = [stage(bench, split, args.episodes, args.model, Path(tmp) if saved else None,
+                               args.max_steps, args.max_tokens) for split in ("train", "test")]
     table = Table("arm", "stage", "episodes", "restored", "first episode s", "others s/episode", "stage s",
                   "episodes/min", "passed",
                   title=f"tau2:{args.domain}, {args.model} on llama.cpp, each stage on a fresh server, T=0")
@@ -67,13 +75,17 @@ def main():
             table.add_row(arm, name, str(s["episodes"]), str(s["restored"]), f"{s['first_s']:.0f}",
                           f"{s['others_s_per_episode']:.0f}", f"{s['wall_s']:.0f}",
                           f"{60 * s['episodes'] / s['wall_s']:.2f}", str(s["passed"]))
-    before, after = arms.values()
-    total = [sum(s["wall_s"] for s in stages) for stages in (before, after)]
-    same = all(a["turns"] == b["turns"] for a, b in zip(before, after))
     console = Console()
     console.print(table)
-    console.print(f"both stages: {total[0]:.0f} s -> {total[1]:.0f} s ({total[0] / total[1]:.2f}x); "
-                  f"trajectories identical: {same}")
+    first, *rest = arms
+    base = sum(s["wall_s"] for s in arms[first])
+    same = {}
+    for arm in rest:
+        total = sum(s["wall_s"] for s in arms[arm])
+        if ARMS[arm][0] == ARMS[first][0]:  # one prompt layout: the trajectories must match
+            same[arm] = all(a["turns"] == b["turns"] for a, b in zip(arms[first], arms[arm]))
+        console.print(f"{arm}: both stages {base:.0f} s -> {total:.0f} s ({base / total:.2f}x vs {first})"
+                      + (f"; trajectories identical: {same[arm]}" if arm in same else "; another prompt layout"))
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "identical": same,
                                          "arms": {a: [{k: v for k, v in s.items() if k != "turns"} for s in st]

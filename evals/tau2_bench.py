@@ -23,12 +23,12 @@ from copy import deepcopy
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
+from typing import Literal
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from pydantic import BaseModel, Field
 
-from trace_rl.core.episode import tool_arguments
 from trace_rl.core.llm import LLMConfig
 from trace_rl.evals.benchmark import (Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task,
                                      decode_tool_calls)
@@ -137,11 +137,12 @@ def _now() -> str:
 
 class Tau2Episode(Episode):
     def __init__(self, domain: str, task, solo: bool, user_llm: str | None, user_llm_args: dict | None,
-                 max_steps: int = 30, max_errors: int = 10, task_set: str = "tau2", nl_judge=None):
+                 max_steps: int = 30, max_errors: int = 10, task_set: str = "tau2", nl_judge=None,
+                 ticket: str = "system"):
         from tau2.agent.llm_agent import AGENT_INSTRUCTION, AGENT_SOLO_INSTRUCTION, SYSTEM_PROMPT, SYSTEM_PROMPT_SOLO
         from tau2.registry import registry
 
-        self.task, self.solo = task, solo
+        self.task, self.solo, self.ticket = task, solo, ticket
         self.domain = f"{domain}_tau3" if task_set == "tau3" else domain  # its tau2 registry name
         self.user_llm, self.user_llm_args = user_llm, dict(user_llm_args or {})
         self.max_steps, self.max_errors = max_steps, max_errors
@@ -153,7 +154,10 @@ class Tau2Episode(Episode):
         self.tools = [t.openai_schema for t in tools] + ([STOP_SCHEMA] if solo else [])
         policy = self.env.get_policy()
         if solo:
-            self.system_prompt = SYSTEM_PROMPT_SOLO.format(
+            # "after_tools": the ticket leaves the system prompt for the first user turn, so the system
+            # prompt and the tool schemas the chat template appends to it are one prefix for every task
+            template = SYSTEM_PROMPT_SOLO if ticket == "system" else SYSTEM_PROMPT_SOLO.partition("\n<ticket>")[0]
+            self.system_prompt = template.format(
                 agent_instruction=AGENT_SOLO_INSTRUCTION.format(stop_function_name=STOP_TOOL, stop_token=STOP_TOKEN),
                 domain_policy=policy, ticket=task.ticket)
         else:
@@ -175,7 +179,9 @@ class Tau2Episode(Episode):
 
         self._init_state()
         if self.solo:
-            return Observation(messages=[{"role": "user", "content": "Solve the ticket in the system prompt."}])
+            ask = ("Solve the ticket in the system prompt." if self.ticket == "system"
+                   else f"<ticket>\n{self.task.ticket}\n</ticket>\nSolve this ticket.")
+            return Observation(messages=[{"role": "user", "content": ask}])
         from tau2.user.user_simulator import UserSimulator
 
         try:
@@ -244,36 +250,6 @@ class Tau2Episode(Episode):
         if self.solo:  # tau2's rule: a solo agent may only call tools
             return Observation([], done=True, reason="agent_error")
         return self._user_turn(self.trajectory[-1])
-
-    def replay(self, tool_calls: list[dict], say: list[str] = ()) -> Score:
-        """Score a scripted conversation with no user simulator: apply `tool_calls` (each may
-        carry `requestor: user`), say each text in `say` to the user, then stop. Used to check
-        that scoring agrees with tau2 (gold replay = 100%, do-nothing = the known floors)."""
-        from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage
-
-        self._init_state()
-        for tc in tool_calls:
-            fn = tc["function"]
-            requestor = "assistant" if self.solo else tc.get("requestor", "assistant")
-            args = tool_arguments(fn.get("arguments"))
-            if args is None:  # a scripted call is the caller's mistake: no episode to record it in
-                raise BenchmarkError(f"replay: tool call {fn['name']!r}: arguments are not a JSON object: "
-                                     f"{str(fn.get('arguments'))[:200]!r}")
-            call = ToolCall(id=tc.get("id") or uuid.uuid4().hex[:8], name=fn["name"], arguments=args,
-                            requestor=requestor)
-            message = AssistantMessage if requestor == "assistant" else UserMessage  # requestor: assistant | user
-            self.trajectory.append(message(role=requestor, tool_calls=[call], timestamp=_now()))
-            result = self.env.get_response(call)
-            result.timestamp = _now()
-            self.trajectory.append(result)
-        for text in [*say, STOP_TOKEN]:
-            self.trajectory.append(AssistantMessage(role="assistant", content=text, timestamp=_now()))
-        return self.score("agent_stop")
-
-    def gold_say(self) -> list[str]:
-        """The substrings tau2 expects the agent to tell the user."""
-        crit = self.task.evaluation_criteria
-        return [str(x) for x in (crit.communicate_info or [])] if crit else []
 
     def simulation(self, termination: str):
         from tau2.data_model.simulation import SimulationRun, TerminationReason
@@ -344,15 +320,19 @@ class Tau2Options(BenchmarkOptions):
                                                                "litellm model string")
     max_steps: int = Field(30, ge=1, le=1000)
     nl_judge: bool = Field(False, description="τ³ retail: judge NL assertions with the user-simulator model")
+    ticket: Literal["system", "after_tools"] = Field(
+        "system", description="solo mode: where the ticket goes. system: in the system prompt (upstream's "
+        "layout; the chat template puts the tool schemas after it, so each task re-reads them); after_tools: "
+        "in the first user turn, so a server reads the system prompt and tools once for every task (another prompt)")
 
 
 class Tau2Benchmark(Benchmark):
     """`tau2:<domain>[@tau3]`; options: solo (telecom default True), user_llm (an LLMConfig or litellm
-    string), max_steps, nl_judge (τ³ retail only)."""
+    string), max_steps, nl_judge (τ³ retail only), ticket (solo mode: system or after_tools)."""
     Options = Tau2Options
 
     def __init__(self, domain: str, solo: bool | None = None, user_llm=None, max_steps: int = 30,
-                 task_set: str = "tau2", nl_judge: bool = False):
+                 task_set: str = "tau2", nl_judge: bool = False, ticket: str = "system"):
         if domain not in DOMAINS:
             raise BenchmarkError(f"unknown tau2 domain {domain!r}; choose one of {', '.join(DOMAINS)}")
         if task_set not in TASK_SETS:
@@ -368,6 +348,10 @@ class Tau2Benchmark(Benchmark):
         if self.solo and domain not in SOLO_DOMAINS:
             raise BenchmarkError(f"tau2:{domain} has no solo mode (only {', '.join(SOLO_DOMAINS)}); "
                                  "set solo=false and give a user_llm")
+        if ticket != "system" and not self.solo:
+            raise BenchmarkError(f"ticket={ticket} moves a solo-mode ticket; tau2:{domain} runs with a user "
+                                 "simulator and has none: leave ticket out")
+        self.ticket = ticket
         if nl_judge and isinstance(user_llm, str):
             raise BenchmarkError("nl_judge=true needs the user simulator as a model trace-rl reaches (an embedded "
                                  "name via --user-model, or model + base_url), not a litellm string")
@@ -393,7 +377,7 @@ class Tau2Benchmark(Benchmark):
         raise BenchmarkError(f"{self.name}: unknown task id {task_id!r}")
 
     def episode(self, task_id: str, with_user: bool = True, hinted: bool = False) -> Tau2Episode:
-        """`with_user=False` skips resolving the user simulator (for `replay`). τ² tasks carry no
+        """`with_user=False` skips resolving the user simulator (for `spec`). τ² tasks carry no
         hint, so a `hinted` episode (GRPO on the target) is the plain one."""
         from trace_rl.evals.user_sim import litellm_user, user_llm
 
@@ -403,18 +387,11 @@ class Tau2Benchmark(Benchmark):
             self._judge = user_llm(self.user_llm)  # one client for every episode (its server is shared)
         judge = self._judge if self.nl_judge and with_user else None
         return Tau2Episode(self.domain, task, self.solo, user_model, user_args, max_steps=self.max_steps,
-                           task_set=self.task_set, nl_judge=judge)
+                           task_set=self.task_set, nl_judge=judge, ticket=self.ticket)
 
     def spec(self) -> dict:
         ep = self.episode(self.tasks(self.splits()[0])[0].id, with_user=False)
         return {"tools": ep.tools, "policy": ep.env.get_policy(), "system_prompt": ep.system_prompt}
-
-    def gold_actions(self, task_id: str) -> list[dict]:
-        """The task's reference actions as OpenAI tool calls (for replay tests)."""
-        task = self._tau2_task(task_id)
-        actions = (task.evaluation_criteria.actions or []) if task.evaluation_criteria else []
-        return [{"id": a.action_id, "requestor": a.requestor, "type": "function",
-                 "function": {"name": a.name, "arguments": json.dumps(a.arguments)}} for a in actions]
 
 
 def tau2_benchmark(variant: str, **options) -> Tau2Benchmark:

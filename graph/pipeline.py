@@ -365,7 +365,8 @@ class Pipeline:
         return {"results": results}
 
     def report(self, s: State) -> None:
-        write_run_report(s, self.dir, self.cfg.benchmark)
+        options = ", ".join(f"{k}={v}" for k, v in sorted(self.cfg.benchmark_options.items()))
+        write_run_report(s, self.dir, self.cfg.benchmark + (f" ({options})" if options else ""))  # a moved ticket shows
 
     # -- the autonomous loop
     def loop_decision(self, s: State) -> str:

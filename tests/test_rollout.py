@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from doubles import ScriptedLLM, endpoint_error
+from tau2_gold import gold_actions
 from trace_rl.agents.base_agent import run_episode
 from trace_rl.core.llm import Reply, ToolCall
 from trace_rl.evals.benchmark import load_benchmark
@@ -35,7 +36,7 @@ def gold_policy(bench):
     def script(messages, tools):
         tid = messages[0]["content"].rsplit("<task_id>", 1)[1].split("</task_id>")[0]
         n_done = sum(1 for m in messages if m["role"] == "assistant")
-        gold = bench.gold_actions(tid)
+        gold = gold_actions(bench, tid)
         if n_done < len(gold):
             fn = gold[n_done]["function"]
             return ToolCall(fn["name"], json.loads(fn["arguments"]))

@@ -1,4 +1,5 @@
 import pytest
+from tau2_gold import gold_actions, gold_say, replay
 
 from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
 
@@ -46,14 +47,14 @@ def test_tau3_nl_assertions_are_judged_only_when_asked():
     b = load_benchmark("tau2:retail@tau3")
     tid = next(t.id for t in b.tasks("base") if t.id == "21")
     ep = b.episode(tid, with_user=False)
-    off = ep.replay(b.gold_actions(tid), ep.gold_say())
+    off = replay(ep, gold_actions(b, tid), gold_say(ep))
     assert off.passed and off.reasons["nl_assertions"].startswith("not judged")
     n = len(ep.task.evaluation_criteria.nl_assertions)
     for met, passed in ((True, True), (False, False)):
         ep = b.episode(tid, with_user=False)
         ep.nl_judge = ScriptedLLM(lambda m, t, met=met: json.dumps({"results": [
             {"assertion": "x", "met": met, "reasoning": ""}] * n}))
-        sc = ep.replay(b.gold_actions(tid), ep.gold_say())
+        sc = replay(ep, gold_actions(b, tid), gold_say(ep))
         assert sc.passed is passed and sc.reasons["nl_assertions"]["reward"] == float(met)
 
 
@@ -81,14 +82,32 @@ def test_solo_episode_tools_and_stop():
     assert ep.score("agent_stop").passed is False  # telecom's do-nothing floor is 0
 
 
+def test_ticket_after_tools_gives_every_task_one_prompt_prefix_and_scores_alike():
+    """ticket=after_tools: the system prompt and tools (what the chat template renders before the
+    first user turn) are the same for every task, the ticket comes in the first user turn, and
+    tau2 scores the gold replay as it does in upstream's layout."""
+    upstream, moved = load_benchmark("tau2:telecom"), load_benchmark("tau2:telecom", options={"ticket": "after_tools"})
+    a, b = (moved.episode(t.id) for t in moved.tasks("test")[:2])
+    assert a.system_prompt == b.system_prompt and a.tools == b.tools and "<ticket>" not in a.system_prompt
+    assert a.task.ticket not in a.system_prompt and a.task.ticket in a.reset().messages[0]["content"]
+    assert a.task.ticket in upstream.episode(a.task.id).system_prompt
+    for t in moved.tasks("base")[:3]:
+        ep = moved.episode(t.id, with_user=False)
+        assert replay(ep, gold_actions(moved, t.id), gold_say(ep)).passed
+    with pytest.raises(BenchmarkError, match="ticket=after_tools moves a solo-mode ticket"):
+        load_benchmark("tau2:airline", options={"ticket": "after_tools"})
+    with pytest.raises(BenchmarkError, match="ticket"):
+        load_benchmark("tau2:telecom", options={"ticket": "first"})
+
+
 def _replay_domain(domain):
     b = load_benchmark(f"tau2:{domain}")  # domain may carry a task set: airline@tau3
     tasks = b.tasks("base")
     gold = floor = 0
     for t in tasks:
         ep = b.episode(t.id, with_user=False)
-        gold += ep.replay(b.gold_actions(t.id), ep.gold_say()).passed
-        floor += b.episode(t.id, with_user=False).replay([]).passed
+        gold += replay(ep, gold_actions(b, t.id), gold_say(ep)).passed
+        floor += replay(b.episode(t.id, with_user=False), []).passed
     return len(tasks), gold, floor
 
 
@@ -116,8 +135,8 @@ def test_grpo_plays_a_telecom_task_turn_by_turn_and_tau2_scores_it_as_the_gold_r
 
     bench = load_benchmark("tau2:telecom")
     tid = bench.tasks("test")[task_index].id
-    gold = bench.gold_actions(tid)
-    want = bench.episode(tid, with_user=False).replay(gold)
+    gold = gold_actions(bench, tid)
+    want = replay(bench.episode(tid, with_user=False), gold)
     tok = tiny_tokenizer()
     turns = [f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n</tool_call>'
              for c in gold] + ['<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>']
