@@ -106,22 +106,14 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
         lines = [render(i, m, cap) for i, m in msgs]
         if len(head) + sum(len(l) + 1 for l in lines) <= budget:
             return head + "\n".join(lines)
-    keep_head, keep_tail, used = [], [], len(head) + 60  # `lines` holds the shortest cut (150)
-    i, j, front = 0, len(lines) - 1, True
-    while i <= j:  # alternate from both ends until the budget is spent
-        line = lines[i] if front else lines[j]
-        if used + len(line) + 1 > budget:
+    n, kept, used = len(lines), set(), len(head) + 60  # `lines` holds the shortest cut (150)
+    for k in [k for pair in zip(range(n), reversed(range(n))) for k in pair][:n]:  # from both ends, alternating
+        if used + len(lines[k]) + 1 > budget:
             break
-        used += len(line) + 1
-        if front:
-            keep_head.append(line)
-            i += 1
-        else:
-            keep_tail.insert(0, line)
-            j -= 1
-        front = not front
-    elided = len(lines) - len(keep_head) - len(keep_tail)
-    return head + "\n".join(keep_head + [f"[... {elided} messages elided ...]"] + keep_tail)
+        kept.add(k)
+        used += len(lines[k]) + 1
+    cut, out = next((k for k in range(n) if k not in kept), n), [lines[k] for k in sorted(kept)]
+    return head + "\n".join(out[:cut] + [f"[... {n - len(kept)} messages elided ...]"] + out[cut:])
 
 
 # ---------------------------------------------------------------- discovery
@@ -391,33 +383,15 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
     return out, evidence
 
 
-class LabelCache:
-    """labels/run_XX.json: {trajectory key: {capability: label}}, rewritten atomically per batch."""
-
-    def __init__(self, directory: Path):
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-
-    def path(self, run: int) -> Path:
-        return self.dir / f"run_{run:02d}.json"
-
-    def load(self, run: int) -> dict[str, dict[str, str]]:
-        p = self.path(run)
-        return json.loads(p.read_text()) if p.exists() else {}
-
-    def save(self, run: int, labels: dict) -> None:
-        atomic_write_json(self.path(run), labels)
-
-    def evidence_path(self, run: int) -> Path:
-        """labels/run_XX_evidence.json: {trajectory: {capability: {label, step, quote, fact, checked}}}"""
-        return self.dir / f"run_{run:02d}_evidence.json"
-
-    def add_evidence(self, run: int, evidence: dict) -> None:
-        p = self.evidence_path(run)
-        data = json.loads(p.read_text()) if p.exists() else {}
-        for key, d in evidence.items():
-            data.setdefault(key, {}).update(d)
-        atomic_write_json(p, data)
+def merge_json(path: Path, new: dict) -> dict:
+    """labels/run_XX[_evidence].json: {trajectory key: {capability: ...}}, `new` merged in per key and
+    rewritten atomically (a resumed labelling run starts from what is on disk); nothing new, nothing written."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    for key, d in new.items():
+        data.setdefault(key, {}).update(d)
+    if new:
+        atomic_write_json(path, data)
+    return data
 
 
 @dataclass
@@ -430,21 +404,21 @@ class LabelRun:
 
 
 def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-               cache: LabelCache, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
-    """N independent labelling runs (isolated contexts), resumable from the cache."""
+               labels_dir: Path, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
+    """N independent labelling runs (isolated contexts), resumable from `labels_dir`."""
     from rich.progress import Progress
 
     names = [c.name for c in caps]
 
     def one_run(r: int, bar, task) -> dict:
-        labels = cache.load(r)
+        path = labels_dir / f"run_{r:02d}.json"
+        labels = merge_json(path, {})
         todo = [t for t in trajs if not all(n in labels.get(t.key, {}) for n in names)]
         for batch in _batches(todo, cfg, len(caps)):
             got, evidence = label_batch(llm, batch, caps, cfg, seed=1000 + r, facts=facts)
-            for key, d in got.items():
-                labels.setdefault(key, {}).update(d)
-            cache.add_evidence(r, evidence)  # first: a kill between the two re-labels the batch, never loses its evidence
-            cache.save(r, labels)
+            # evidence first: a kill between the two re-labels the batch, never loses its evidence
+            merge_json(labels_dir / f"run_{r:02d}_evidence.json", evidence)
+            labels = merge_json(path, got)
             bar.update(task, advance=len(batch))
         keys = {t.key for t in trajs}
         mine = [v for k, d in labels.items() if k in keys for n, v in d.items() if n in names]
@@ -591,7 +565,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         else:
             caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-        runs = label_runs(labeller, trajs, caps, label_cfg, LabelCache(out / "labels"), progress, facts)
+        runs = label_runs(labeller, trajs, caps, label_cfg, out / "labels", progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
         atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
                                                         "reply": getattr(err, "reply", "")})

@@ -189,16 +189,6 @@ def _task_shape(spec: dict, tools: list[dict]) -> str:
     return json.dumps(walk([spec.get(k) for k in ("user_message", "reference", "reward")]), sort_keys=True)
 
 
-def spec_example(capability: str = "", target: str = "") -> str:
-    """A verified spec shipped in sandbox/envs/ (one top-level key per line), never one for the
-    capability being built, and from another domain when there is one (tests use it)."""
-    root = resources.files("trace_rl.sandbox") / "envs"
-    domain = target.split(":")[-1].split("@")[0]
-    names = sorted(p.name[: -len(".spec.json")] for p in root.iterdir() if p.name.endswith(".spec.json"))
-    others = [n for n in names if not n.startswith(capability + "_")] if capability else names
-    name = next((n for n in others if not n.endswith("_" + domain)), others[0])
-    return one_key_per_line(json.loads((root / f"{name}.spec.json").read_text()))
-
 
 def one_key_per_line(spec: dict) -> str:
     return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in spec.items()) + "\n}"

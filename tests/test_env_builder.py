@@ -8,6 +8,13 @@ from trace_rl.agents.env_builder import EnvDraft, Target, parse_draft, reference
 from trace_rl.agents.verifier import VerifyConfig
 
 
+def shipped_spec(avoid_domain: str) -> dict:
+    """A verified spec shipped in sandbox/envs/, from another domain than `avoid_domain`."""
+    root = Path(__file__).parents[1] / "sandbox" / "envs"
+    return json.loads(next(p for p in sorted(root.glob("*.spec.json"))
+                           if not p.name.endswith(f"_{avoid_domain}.spec.json")).read_text())
+
+
 def test_draft_validation_parses_but_never_runs():
     assert parse_draft("```python\nclass Env:\n    pass\n```").code.startswith("class Env")
     with pytest.raises(ValueError, match="does not parse"):
@@ -110,10 +117,10 @@ def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_ima
     """Spec mode: round 1's spec names a field no entity has (code declares it, and says so) and a
     task fact nobody defined (a check_spec finding naming it goes back to the builder); round 2 is
     the shipped example spec: verified, its module rendered by code."""
-    from trace_rl.agents.env_builder import builder_mode, spec_example
+    from trace_rl.agents.env_builder import builder_mode
     from trace_rl.evals.benchmark import load_benchmark
 
-    good = json.loads(spec_example("other_capability", "tau2:retail"))  # the airline example
+    good = shipped_spec("retail")  # the airline example
     bad = json.loads(json.dumps(good).replace("{task.reservation.reservation_id}", "{task.reservation.booking_ref}", 1))
     bad["reference"][-1]["when"] = {"op": "state_equals", "path": "task.refundable", "value": True}
     builder = ScriptedLLM([json.dumps(bad), json.dumps(good)])
@@ -160,7 +167,7 @@ def test_a_spec_that_only_renames_the_starter_is_a_finding_and_a_real_one_is_not
     """The 1.5B sent the starter back with its entity renamed for three of four capabilities and
     every automatic check passed it; it trains nothing, so it is a finding that goes back."""
     from trace_rl.agents import env_builder
-    from trace_rl.agents.env_builder import copies_starter, spec_example, starter_spec, verify_attempt
+    from trace_rl.agents.env_builder import copies_starter, starter_spec, verify_attempt
     from trace_rl.evals.benchmark import load_benchmark
 
     target = Target.of(load_benchmark(f"tau2:{domain}"))
@@ -177,7 +184,7 @@ def test_a_spec_that_only_renames_the_starter_is_a_finding_and_a_real_one_is_not
         step[("call" if "call" in step else "tool")] = other["name"]
         step["args"] = {arg: next(iter(step["args"].values()))}
     assert copies_starter(by_other, target.tools)
-    assert not copies_starter(json.loads(spec_example("x", f"tau2:{domain}")), target.tools)
+    assert not copies_starter(shipped_spec(domain), target.tools)
     extended = json.loads(json.dumps(copy))
     extended["reward"].append({"name": "no_cancel", "weight": 0.2, "pred": {"op": "not_called", "tool": "x"}})
     assert not copies_starter(extended, target.tools)  # extending it is what the builder is asked to do

@@ -533,15 +533,9 @@ class _Checker:
 
     def expr(self, where, expr, roots, tool=None):
         """Every template slot in expr names a path that exists."""
-        stack = [expr]
-        while stack:
-            x = stack.pop()
-            if isinstance(x, (list, dict)):
-                stack += list(x.values() if isinstance(x, dict) else x)
-            elif isinstance(x, str):
-                for m in _SLOT.finditer(x):
-                    if _slot_path(m) is not None:
-                        self.path(where, _slot_path(m), roots, tool)
+        for m in (m for x in _nodes(expr) if isinstance(x, str) for m in _SLOT.finditer(x)):
+            if _slot_path(m) is not None:
+                self.path(where, _slot_path(m), roots, tool)
 
     def path(self, where, path, roots, tool):
         segs = path.split(".")
@@ -713,22 +707,19 @@ def _index_paths(x, key=None):
 
 def _values_used(spec, field):
     """Literal values the spec itself gives `field` (in set / where / compare), for a choice field."""
-    out, stack = [], [spec]
-    while stack and len(out) < 8:
-        x = stack.pop()
-        if isinstance(x, dict):
-            v = x.get(field)
-            if isinstance(v, (str, int, float, bool)) and not (isinstance(v, str) and ("{" in v or v.strip(". ") == "")) \
-                    and v not in out:
-                out.append(v)
-            side, value = (x.get("left"), x.get("right")) if x.get("op") == "compare" else \
-                (x.get("path"), x.get("value")) if x.get("op") == "state_equals" else (None, None)
-            if isinstance(side, str) and side.rstrip("} ").endswith("." + field) and \
-                    isinstance(value, (str, int)) and value not in out:
-                out.append(value)
-            stack += list(x.values())
-        elif isinstance(x, list):
-            stack += x
+    out = []
+    for x in _dicts(spec):
+        if len(out) >= 8:
+            break
+        v = x.get(field)
+        if isinstance(v, (str, int, float, bool)) and not (isinstance(v, str) and ("{" in v or v.strip(". ") == "")) \
+                and v not in out:
+            out.append(v)
+        side, value = (x.get("left"), x.get("right")) if x.get("op") == "compare" else \
+            (x.get("path"), x.get("value")) if x.get("op") == "state_equals" else (None, None)
+        if isinstance(side, str) and side.rstrip("} ").endswith("." + field) and \
+                isinstance(value, (str, int)) and value not in out:
+            out.append(value)
     return out
 
 
@@ -796,11 +787,8 @@ def _apply(spec, fix, notes, suggestions):
         _, old, new = fix
         pat = re.compile(r"\btask\." + re.escape(old) + r"\b")
         before = json.dumps(spec)
-        for k in list(spec):  # every string, the task's own values too, but not its names
-            if k == "task" and isinstance(spec[k], dict):
-                spec[k] = {name: _strings(v, lambda x: pat.sub("task." + new, x)) for name, v in spec[k].items()}
-            else:
-                spec[k] = _strings(spec[k], lambda x: pat.sub("task." + new, x))
+        for k in list(spec):  # every string, the task's own values too, but not its names (_strings keeps keys)
+            spec[k] = _strings(spec[k], lambda x: pat.sub("task." + new, x))
         if json.dumps(spec) == before:
             return False
         notes.append(f"task.{old} -> task.{new}: renamed by code (no task value {old!r}; {new!r} is)")
@@ -861,16 +849,19 @@ def _trim_tools(spec, notes):
         spec["tools"] = {n: v for n, v in exposed.items() if n in keep}
 
 
-def _dicts(x):
-    """Every object inside x."""
+def _nodes(x):
+    """Every value inside x, x itself first (depth first, last child first)."""
     stack = [x]
     while stack:
         y = stack.pop()
-        if isinstance(y, dict):
-            yield y
-            stack += list(y.values())
-        elif isinstance(y, list):
-            stack += y
+        yield y
+        if isinstance(y, (dict, list)):
+            stack += list(y.values() if isinstance(y, dict) else y)
+
+
+def _dicts(x):
+    """Every object inside x."""
+    return (y for y in _nodes(x) if isinstance(y, dict))
 
 
 def _task_source(spec, arg):
