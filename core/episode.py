@@ -29,6 +29,22 @@ def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | Non
              tool_arguments(tc["function"].get("arguments"))) for tc in tool_calls]
 
 
+def template_messages(messages: list[dict]) -> list[dict]:
+    """OpenAI messages -> what HF chat templates expect (tool-call arguments as dicts): every path
+    that renders a chat template (transformers here, llama.cpp's server in core/server.py) gives
+    the model its own earlier calls as JSON objects, not as quoted strings."""
+    def as_dict(fn: dict) -> dict:  # a malformed call keeps its text
+        args = tool_arguments(fn["arguments"]) if isinstance(fn.get("arguments"), str) else None
+        return dict(fn) if args is None else {**fn, "arguments": args}
+
+    out = [dict(m) for m in messages]
+    for m in out:
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**tc, "function": as_dict(tc["function"])} for tc in m["tool_calls"]]
+            m["content"] = m.get("content") or ""
+    return out
+
+
 @dataclass
 class Task:
     id: str

@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trace_rl.core.episode import template_messages
 from trace_rl.core.io import atomic_write, atomic_write_text
 from trace_rl.core.models import MODELS, cache_dir, gguf_path
 
@@ -301,10 +302,27 @@ def exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def render_tool_arguments_as_objects() -> None:
+    """llama-cpp-python hands a chat template the request's messages as they come, and an OpenAI tool
+    call's `arguments` is a JSON string: Qwen's template (`arguments | tojson`) then showed the model
+    its own earlier calls as quoted strings, where transformers (training, the engine) and vLLM give
+    objects. Templates get objects here too (core.episode.template_messages): one prompt on every
+    path, and a re-rendered turn is the text the model generated, so llama.cpp keeps its tokens cached."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    original = Jinja2ChatFormatter.__call__
+
+    def call(self, *, messages, **kwargs):
+        return original(self, messages=template_messages(messages), **kwargs)
+
+    Jinja2ChatFormatter.__call__ = call
+
+
 def _serve_while_parent_lives() -> None:
     """`python -m trace_rl.core.server PARENT_PID [--prompt-states=DIR --prompt-state-min-tokens=N]
     <llama_cpp.server args>`: llama.cpp's server, with long prompts' states kept in DIR."""
     exit_with_parent(int(sys.argv.pop(1)))
+    render_tool_arguments_as_objects()
     ours = {a.split("=", 1)[0][2:]: a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--prompt-state")}
     sys.argv = [a for a in sys.argv if not a.startswith("--prompt-state")]
     if "prompt-states" in ours:

@@ -1,6 +1,6 @@
 import pytest
 
-from trace_rl.training.hf_policy import template_messages
+from trace_rl.core.episode import template_messages
 
 
 def test_template_messages_turn_argument_strings_into_dicts():
@@ -9,6 +9,36 @@ def test_template_messages_turn_argument_strings_into_dicts():
     out = template_messages(msgs)
     assert out[0]["tool_calls"][0]["function"]["arguments"] == {"x": 1} and out[0]["content"] == ""
     assert msgs[0]["tool_calls"][0]["function"]["arguments"] == '{"x": 1}'  # input untouched
+
+
+def test_llama_cpp_renders_a_tool_conversation_as_transformers_does(monkeypatch):
+    """The embedded Qwen's own template, through llama-cpp-python's formatter as our server runs it
+    and through transformers (training, the engine): one prompt, with the earlier call's arguments
+    as the JSON object the model wrote, not a quoted string."""
+    from gguf import GGUFReader
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from tiny import tiny_tokenizer
+    from trace_rl.core.models import gguf_path
+    from trace_rl.core.server import render_tool_arguments_as_objects
+    from trace_rl.training.hf_policy import render
+
+    field = GGUFReader(gguf_path("qwen2.5-coder-0.5b")).fields["tokenizer.chat_template"]
+    template = bytes(field.parts[field.data[0]]).decode()
+    tools = [{"type": "function", "function": {"name": "get_customer", "description": "Find a customer.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "customer_id": {"type": "string"}}}}}]
+    msgs = [{"role": "system", "content": "Help."}, {"role": "user", "content": "I am C1."},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "get_customer", "arguments": '{"customer_id": "C1"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"name": "Ann"}'}]
+    monkeypatch.setattr(Jinja2ChatFormatter, "__call__", Jinja2ChatFormatter.__call__)  # undone after the test
+    render_tool_arguments_as_objects()
+    served = Jinja2ChatFormatter(template=template, eos_token="<|im_end|>", bos_token="")(messages=msgs, tools=tools)
+    tok = tiny_tokenizer()
+    tok.chat_template = template
+    assert served.prompt == render(tok, msgs, tools, add_generation_prompt=True)
+    assert '{"name": "get_customer", "arguments": {"customer_id": "C1"}}' in served.prompt
 
 
 @pytest.mark.ci

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from trace_rl.core.episode import tool_arguments
+from trace_rl.core.episode import template_messages
 from trace_rl.core.llm import Reply, Usage, parse_tool_calls
 from trace_rl.core.models import hf_checkpoint
 
@@ -24,20 +24,6 @@ TOOLS_PREAMBLE = (
     "For each function call, return a json object with function name and arguments within "
     "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
     "</tool_call>")
-
-
-def template_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI messages -> what HF chat templates expect (tool-call arguments as dicts)."""
-    def as_dict(fn: dict) -> dict:  # a malformed call keeps its text
-        args = tool_arguments(fn["arguments"]) if isinstance(fn.get("arguments"), str) else None
-        return dict(fn) if args is None else {**fn, "arguments": args}
-
-    out = [dict(m) for m in messages]
-    for m in out:
-        if m.get("tool_calls"):
-            m["tool_calls"] = [{**tc, "function": as_dict(tc["function"])} for tc in m["tool_calls"]]
-            m["content"] = m.get("content") or ""
-    return out
 
 
 def _tools_as_text(messages: list[dict], tools: list[dict]) -> list[dict]:
