@@ -348,6 +348,8 @@ class Tau2Benchmark(Benchmark):
         if self.solo and domain not in SOLO_DOMAINS:
             raise BenchmarkError(f"tau2:{domain} has no solo mode (only {', '.join(SOLO_DOMAINS)}); "
                                  "set solo=false and give a user_llm")
+        if ticket not in ("system", "after_tools"):
+            raise BenchmarkError(f"ticket={ticket!r}: use system (upstream's layout) or after_tools")
         if ticket != "system" and not self.solo:
             raise BenchmarkError(f"ticket={ticket} moves a solo-mode ticket; tau2:{domain} runs with a user "
                                  "simulator and has none: leave ticket out")
