@@ -5,7 +5,8 @@ A pipeline stage starts its own llama.cpp server (rollout, then evaluation; a re
 new ones); without saved states each new server reads the domain's ~10k-token system prompt again, and in
 upstream's layout each new task re-reads the ~4.6k tokens of tool schemas that follow its ticket. Each arm
 runs two stages of E episodes, each on a fresh server, greedy (T=0). Arms of one layout must give identical
-trajectories (checked); the after_tools arm is another prompt, so it is compared by passes only.
+trajectories (checked); the after_tools arm is another prompt, so its episodes may take another course:
+the table gives each stage's model turns per episode beside its time.
     .venv/bin/python benchmarks/prompt_states.py [--domain telecom] [--episodes 3] [--arms before,after_tools]
 """
 import argparse
@@ -41,6 +42,7 @@ def stage(bench, split: str, n: int, model: str, states: Path | None, max_steps:
     return {"split": split, "episodes": n, "wall_s": sum(times), "first_s": times[0],
             "others_s_per_episode": sum(times[1:]) / max(1, n - 1), "restored": restored,
             "prompt_tokens": llm.usage.prompt_tokens, "passed": sum(t.passed for t in trajs),
+            "model_turns": sum(t.steps for t in trajs) / n, "terminations": sorted(t.termination for t in trajs),
             "turns": [turns(t.messages) for t in trajs]}
 
 
@@ -68,13 +70,13 @@ def main():
             arms[arm] = [stage(bench, split, args.episodes, args.model, Path(tmp) if saved else None,
                                args.max_steps, args.max_tokens) for split in ("train", "test")]
     table = Table("arm", "stage", "episodes", "restored", "first episode s", "others s/episode", "stage s",
-                  "episodes/min", "passed",
+                  "episodes/min", "model turns / episode", "passed",
                   title=f"tau2:{args.domain}, {args.model} on llama.cpp, each stage on a fresh server, T=0")
     for arm, stages in arms.items():
         for s, name in zip(stages, ("1: rollout (train)", "2: evaluate (test)")):
             table.add_row(arm, name, str(s["episodes"]), str(s["restored"]), f"{s['first_s']:.0f}",
                           f"{s['others_s_per_episode']:.0f}", f"{s['wall_s']:.0f}",
-                          f"{60 * s['episodes'] / s['wall_s']:.2f}", str(s["passed"]))
+                          f"{60 * s['episodes'] / s['wall_s']:.2f}", f"{s['model_turns']:.1f}", str(s["passed"]))
     console = Console()
     console.print(table)
     first, *rest = arms

@@ -146,15 +146,24 @@ def common_prefix(a, b) -> int:
     return n
 
 
+def states_to_keep(saved: list[tuple[Path, list[int]]], keep: int) -> list[Path]:
+    """Of (state, its tokens) newest first, the `keep` worth most: the longest prompts first (in whole
+    1,024-token steps), the newest among those of one length. Newest alone let a pipeline's unique
+    analysis and build prompts (2-5k tokens) push τ²'s 10k-token prompts out between rollout and evaluation."""
+    ranked = sorted(saved, key=lambda s: len(s[1]) // 1024, reverse=True)  # stable: newest first among equals
+    return [state for state, _ in ranked[:keep]]
+
+
 class PromptStates:
     """llama.cpp states of long prompts kept on disk, so that a server restores the longest saved prefix of a
     request instead of computing it again. τ²-bench's ~10k-token system prompt is the same for every task of a
     domain and costs ~190 s to read on 2 cores, once per server start (llama.cpp itself reuses the previous
     request's prefix within a server); a restore takes about a second. The tokens are the same, the outputs too.
 
-    A state belongs to one model file (and LoRA) and context size (its own folder); `keep` newest states stay."""
+    A state belongs to one model file (and LoRA) and context size (its own folder); `keep` states stay
+    (`states_to_keep`: the longest prompts, newest first among equals; 6 hold telecom's 5 tickets)."""
 
-    def __init__(self, root: Path, model: Path, n_ctx: int, n_batch: int, min_tokens: int = 1024, keep: int = 4,
+    def __init__(self, root: Path, model: Path, n_ctx: int, n_batch: int, min_tokens: int = 1024, keep: int = 6,
                  lora: Path | None = None, flash_attn: bool = False):
         import hashlib
 
@@ -229,8 +238,10 @@ class PromptStates:
         except OSError as err:  # a full disk costs the next server the prompt, never this request
             print(f"trace-rl prompt state: not saved: {err}", file=sys.stderr, flush=True)
             return
-        listed = [state for state, _ in self._saved()]
-        stale = listed[self.keep:]
+        saved = self._saved()
+        kept = states_to_keep(saved, self.keep)
+        listed = [state for state, _ in saved]
+        stale = [state for state in listed if state not in kept]
         stale += [f for f in self.dir.glob("*.state") if f not in listed  # orphans of a kill
                   and time.time() - f.stat().st_mtime > 3600]
         stale += [f for f in self.dir.glob(".*.tmp") if time.time() - f.stat().st_mtime > 3600]

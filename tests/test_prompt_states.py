@@ -15,6 +15,19 @@ def server(states, **kw) -> LlamaServer:
     return LlamaServer("smollm2-135m", n_ctx=2048, prompt_states=states, prompt_state_min_tokens=200, **kw)
 
 
+def test_long_prompt_states_outlast_newer_short_ones():
+    """A pipeline saves states of unique analysis prompts between its rollout and its evaluation: the
+    longest prompts (τ²'s, 10k tokens) stay, the newest first among prompts of one length."""
+    from pathlib import Path
+
+    from trace_rl.core.server import states_to_keep
+
+    newest_first = [(Path("labels-3"), [0] * 3000), (Path("labels-2"), [0] * 3500), (Path("ticket-b"), [0] * 9919),
+                    (Path("labels-1"), [0] * 2500), (Path("ticket-a"), [0] * 9900)]
+    assert states_to_keep(newest_first, 3) == [Path("ticket-b"), Path("ticket-a"), Path("labels-2")]
+    assert states_to_keep(newest_first, 9) == [Path(p) for p in ("ticket-b", "ticket-a", "labels-2", "labels-3", "labels-1")]
+
+
 @pytest.mark.slow
 @pytest.mark.ci
 def test_a_restored_prompt_state_gives_the_same_replies_and_a_torn_one_is_recomputed(tmp_path):
