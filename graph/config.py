@@ -178,7 +178,7 @@ PRESETS: dict[str, dict] = {
     },
     # the method's settings (TRACE §2-5), for a GPU and a real endpoint
     "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
-    # the whole pipeline on the embedded models on a 2-core CPU (28.5 min measured, docs/examples/demo)
+    # the whole pipeline on the embedded models on a 2-core CPU (19 min measured, nothing trained: docs/examples/demo)
     "demo": {
         # upstream's prompt layout: with the ticket after the tools (`ticket: after_tools`, read once per
         # server) the 0.5B answered every T=0 episode with a made-up function as text (benchmarks/README.md)
