@@ -147,11 +147,13 @@ def common_prefix(a, b) -> int:
 
 
 def states_to_keep(saved: list[tuple[Path, list[int]]], keep: int) -> list[Path]:
-    """Of (state, its tokens) newest first, the `keep` worth most: the longest prompts first (in whole
-    1,024-token steps), the newest among those of one length. Newest alone let a pipeline's unique
-    analysis and build prompts (2-5k tokens) push τ²'s 10k-token prompts out between rollout and evaluation."""
-    ranked = sorted(saved, key=lambda s: len(s[1]) // 1024, reverse=True)  # stable: newest first among equals
-    return [state for state, _ in ranked[:keep]]
+    """Of (state, its tokens) newest first (a restore renews a state), the `keep` to keep: half the
+    newest, half the longest of the rest (in whole 1,024-token steps, newest first among equals).
+    Newest alone let a pipeline's unique analysis and build prompts (2-5k tokens) push τ²'s 10k-token
+    prompts out between rollout and evaluation; longest alone would never keep a short one again."""
+    newest, rest = saved[:keep // 2], saved[keep // 2:]
+    longest = sorted(rest, key=lambda s: len(s[1]) // 1024, reverse=True)  # stable: newest first among equals
+    return [state for state, _ in newest + longest[:keep - len(newest)]]
 
 
 class PromptStates:
@@ -161,9 +163,9 @@ class PromptStates:
     request's prefix within a server); a restore takes about a second. The tokens are the same, the outputs too.
 
     A state belongs to one model file (and LoRA) and context size (its own folder); `keep` states stay
-    (`states_to_keep`: the longest prompts, newest first among equals; 6 hold telecom's 5 tickets)."""
+    (`states_to_keep`: the 4 newest, and the 4 longest of the rest)."""
 
-    def __init__(self, root: Path, model: Path, n_ctx: int, n_batch: int, min_tokens: int = 1024, keep: int = 6,
+    def __init__(self, root: Path, model: Path, n_ctx: int, n_batch: int, min_tokens: int = 1024, keep: int = 8,
                  lora: Path | None = None, flash_attn: bool = False):
         import hashlib
 
@@ -212,7 +214,7 @@ class PromptStates:
             return 0
         llama.input_ids[:n] = best[2]
         llama.n_tokens, llama._requires_eval = n, True
-        with contextlib.suppress(OSError):  # recently used: kept longest (unless another server just pruned it)
+        with contextlib.suppress(OSError):  # recently used: among the newest kept (unless another server pruned it)
             os.utime(best[1].with_name(best[1].stem + ".tokens.json"))
         print(f"trace-rl prompt state: restored {best[0]} of {len(prompt)} prompt tokens", file=sys.stderr, flush=True)
         return best[0]
@@ -318,7 +320,7 @@ def render_tool_arguments_as_objects() -> None:
     call's `arguments` is a JSON string: Qwen's template (`arguments | tojson`) then showed the model
     its own earlier calls as quoted strings, where transformers (training, the engine) and vLLM give
     objects. Templates get objects here too (core.episode.template_messages): one prompt on every
-    path, and a re-rendered turn is the text the model generated, so llama.cpp keeps its tokens cached."""
+    path (and a call the model wrote as `json.dumps` would re-renders as its own tokens, still cached)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     original = Jinja2ChatFormatter.__call__

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -262,6 +261,16 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def _yaml(text: str):
+    return yaml.safe_load(text) or {}  # an empty file: no fields
+
+
+def _toml(text: str) -> dict:
+    import tomllib  # Python 3.11+: on 3.10 only a .toml config fails, with the file named
+
+    return tomllib.loads(text)
+
+
 def read_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -270,8 +279,7 @@ def read_file(path: str | Path) -> dict:
         text = path.read_text()
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
-    yaml_dict = lambda text: yaml.safe_load(text) or {}  # noqa: E731  (an empty YAML file is no fields)
-    parse = {".yaml": yaml_dict, ".yml": yaml_dict, ".toml": tomllib.loads, ".json": json.loads}.get(path.suffix)
+    parse = {".yaml": _yaml, ".yml": _yaml, ".toml": _toml, ".json": json.loads}.get(path.suffix)
     if parse is None:
         raise ConfigError(f"{path}: use a .yaml, .toml or .json file")
     try:

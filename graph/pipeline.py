@@ -365,7 +365,8 @@ class Pipeline:
         return {"results": results}
 
     def report(self, s: State) -> None:
-        options = ", ".join(f"{k}={v}" for k, v in sorted(self.cfg.benchmark_options.items()))
+        options = ", ".join(f"{k}={v}" for k, v in sorted(self.cfg.benchmark_options.items())
+                            if isinstance(v, (str, int, float, bool)))  # not a user_llm's settings
         write_run_report(s, self.dir, self.cfg.benchmark + (f" ({options})" if options else ""))  # a moved ticket shows
 
     # -- the autonomous loop

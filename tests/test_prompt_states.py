@@ -16,16 +16,17 @@ def server(states, **kw) -> LlamaServer:
 
 
 def test_long_prompt_states_outlast_newer_short_ones():
-    """A pipeline saves states of unique analysis prompts between its rollout and its evaluation: the
-    longest prompts (τ²'s, 10k tokens) stay, the newest first among prompts of one length."""
+    """A pipeline saves states of unique analysis prompts between its rollout and its evaluation: half
+    the slots keep the newest, the other half the longest of the rest (τ²'s 10k-token prompts)."""
     from pathlib import Path
 
     from trace_rl.core.server import states_to_keep
 
     newest_first = [(Path("labels-3"), [0] * 3000), (Path("labels-2"), [0] * 3500), (Path("ticket-b"), [0] * 9919),
                     (Path("labels-1"), [0] * 2500), (Path("ticket-a"), [0] * 9900)]
-    assert states_to_keep(newest_first, 3) == [Path("ticket-b"), Path("ticket-a"), Path("labels-2")]
-    assert states_to_keep(newest_first, 9) == [Path(p) for p in ("ticket-b", "ticket-a", "labels-2", "labels-3", "labels-1")]
+    assert states_to_keep(newest_first, 4) == [Path(p) for p in ("labels-3", "labels-2", "ticket-b", "ticket-a")]
+    assert states_to_keep(newest_first, 3) == [Path(p) for p in ("labels-3", "ticket-b", "ticket-a")]
+    assert states_to_keep(newest_first, 9) == [p for p, _ in newest_first]
 
 
 @pytest.mark.slow
