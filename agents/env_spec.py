@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from trace_rl.sandbox.session import SandboxError, SessionLimits, open_session
+
 
 # An expression: any JSON value (strings are templates). Spelt out, as llama.cpp's grammar needs a type.
 Expr = Annotated[Any, WithJsonSchema({"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null",
@@ -289,8 +291,6 @@ def _in_sandbox(call: str, *args):
     """`spec_env.<call>(*args)` run inside a sandbox (a spec is hostile data: its size, depth and
     loops are handled there); its JSON result. Raises SandboxError, or ValueError/TypeError when the
     arguments are no JSON."""
-    from trace_rl.sandbox.session import SessionLimits, open_session
-
     payload = json.dumps(list(args))
     snippet = f"import json, spec_env\nprint(json.dumps(spec_env.{call}(*json.loads({payload!r}))))\n"
     with open_session(SessionLimits()) as session:
@@ -299,8 +299,6 @@ def _in_sandbox(call: str, *args):
 
 def repair_in_sandbox(spec: dict, target_tools: list[dict], suggestions: dict) -> tuple[dict, list[str]]:
     """spec_env.repair_spec in a sandbox: (repaired spec, notes), or the spec as it was and a note why."""
-    from trace_rl.sandbox.session import SandboxError
-
     try:
         fixed, notes = _in_sandbox("repair_spec", spec, target_tools, 6, suggestions)
         return (fixed, [str(n) for n in notes]) if isinstance(fixed, dict) else (spec, [])
@@ -310,8 +308,6 @@ def repair_in_sandbox(spec: dict, target_tools: list[dict], suggestions: dict) -
 
 def check_in_sandbox(spec: dict, target_tools: list[dict]) -> list[dict]:
     """spec_env.check_spec in a sandbox (5 seeds): the findings, or one finding saying why none came."""
-    from trace_rl.sandbox.session import SandboxError
-
     try:
         return _in_sandbox("check_spec", spec, target_tools)
     except (TypeError, ValueError) as err:
