@@ -165,13 +165,11 @@ def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[st
     problems, out, seen_keys = [], [], []
     for c in cands.capabilities:
         words = set(c.name.split("_"))
-        hits = words & {w.lower() for w in cfg.domain_words}
-        if hits:
+        if hits := words & {w.lower() for w in cfg.domain_words}:
             problems.append(f"{c.name}: names the domain ({', '.join(sorted(hits))}); describe a general capability")
             continue
         resolved = [resolve_id(t, failed_ids) for t in c.example_task_ids]
-        unknown = [t for t, r in zip(c.example_task_ids, resolved) if r is None]
-        if unknown:
+        if unknown := [t for t, r in zip(c.example_task_ids, resolved) if r is None]:
             problems.append(f"{c.name}: example ids {unknown} are not failed trajectories shown")
             continue
         c.example_task_ids = list(dict.fromkeys(resolved))
@@ -308,13 +306,9 @@ def answer_shapes(ids: list[str], caps: list[str], facts: dict[str, list[str]] |
 
 def answer_items(answer: BaseModel, ids: list[str], caps: list[str]) -> list[LabelItem]:
     """The (trajectory, capability) pairs an answer labelled, as LabelItems."""
-    items = []
-    for i, t in enumerate(ids):
-        for j, c in enumerate(caps):
-            pair = getattr(getattr(answer, f"t{i}") or object(), f"c{j}", None)
-            if pair is not None:
-                items.append(LabelItem(trajectory=t, capability=c, **pair.model_dump()))
-    return items
+    pairs = ((t, c, getattr(getattr(answer, f"t{i}") or object(), f"c{j}", None))
+             for i, t in enumerate(ids) for j, c in enumerate(caps))
+    return [LabelItem(trajectory=t, capability=c, **pair.model_dump()) for t, c, pair in pairs if pair is not None]
 
 
 def _batches(trajs: list[Trajectory], cfg: AnalysisConfig, n_caps: int = 1) -> list[list[Trajectory]]:
@@ -344,7 +338,6 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
     cap_text = "\n".join(f"- {c.name}: {c.description}" for c in caps)
     named = aliases(batch)
     text = "\n\n".join(compact(t, cfg.per_trajectory_chars, facts.get(t.key), alias=a) for a, t in named.items())
-    by_key = {t.key: t for t in batch}
     evidence: dict[str, dict[str, dict]] = {t.key: {} for t in batch}
     msgs = [{"role": "system", "content": prompts.load("analyst_labelling", capabilities=cap_text)},
             {"role": "user", "content": text}]
@@ -366,7 +359,7 @@ def label_batch(llm: LLM, batch: list[Trajectory], caps: list[Capability], cfg: 
             given = resolve_id(item.trajectory, set(ids))
             item.trajectory = ids[given].key if given else item.trajectory
             if (item.trajectory, item.capability) in want:
-                ok = evidence_ok(item, by_key[item.trajectory], facts.get(item.trajectory))
+                ok = evidence_ok(item, ids[item.trajectory], facts.get(item.trajectory))
                 out[item.trajectory][item.capability] = item.label.value if ok or not cfg.require_evidence \
                     else UNVERIFIED
                 evidence[item.trajectory][item.capability] = {
@@ -456,12 +449,9 @@ def run_figures(labels: dict[str, Label], outcome: dict[str, bool], cfg: Analysi
     applicable failed (or passed) trajectories ER- (or ER+) = 0. A run passes only with a
     contrast (ER+ measured on at least `min_passed` passed trajectories) and if reliable.
     """
-    c = {"LF": 0, "PF": 0, "LP": 0, "PP": 0}
-    for key, ok in outcome.items():
-        lab = labels.get(key, Label.NA)
-        if lab is Label.NA:
-            continue
-        c[("L" if lab is Label.LACKING else "P") + ("P" if ok else "F")] += 1
+    seen = [("L" if labels[key] is Label.LACKING else "P") + ("P" if ok else "F")
+            for key, ok in outcome.items() if labels.get(key, Label.NA) is not Label.NA]
+    c = {cell: seen.count(cell) for cell in ("LF", "PF", "LP", "PP")}
     n_failed = sum(not ok for ok in outcome.values())
     cov = c["LF"] / n_failed if n_failed else 0.0
     er_minus = c["LF"] / (c["LF"] + c["PF"]) if c["LF"] + c["PF"] else 0.0
@@ -505,9 +495,8 @@ def aggregate(caps: list[Capability], runs: list[LabelRun | dict[str, dict[str, 
                                  if d.get(cap.name) is Label.LACKING and not outcome.get(k, True)})
         results.append(CapabilityRecord(
             name=cap.name, description=cap.description,
-            cov_mean=statistics.fmean(covs) if covs else 0.0, cov_std=statistics.pstdev(covs) if covs else 0.0,
-            delta_mean=statistics.fmean(deltas) if deltas else 0.0,
-            delta_std=statistics.pstdev(deltas) if deltas else 0.0,
+            cov_mean=statistics.fmean(covs or [0.0]), cov_std=statistics.pstdev(covs or [0.0]),
+            delta_mean=statistics.fmean(deltas or [0.0]), delta_std=statistics.pstdev(deltas or [0.0]),
             runs_passed=n_pass, n_runs=len(runs), kept=kept, status=status,
             example_failed_task_ids=(lacking_failed or cap.example_task_ids)[:4],
             reliable_runs=sum(ok), reason=reason, runs=[asdict(f) for f in figs]))
