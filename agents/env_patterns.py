@@ -298,16 +298,13 @@ def parse_choice(answer: str | dict, tools: list[dict]) -> BaseModel:
 
 
 def pattern_menu(tools: list[dict], patterns: list[str] | None = None) -> str:
-    """The patterns this target offers (or those of `patterns`), one line each with when to use it
-    and its fields."""
+    """The patterns this target offers (or those of `patterns`), one line each with when to use it and its fields."""
     lines = []
     for sub in pattern_models(choice_model(tools)):
         name = sub.model_fields["pattern"].annotation.__args__[0]
-        if patterns is not None and name not in patterns:
-            continue
-        fields = [f for f in sub.model_fields if f != "pattern"]
-        lines.append(f"- {name}: {sub.__doc__}\n"
-                     f"  fields: {', '.join(fields)}")
+        fields = ", ".join(f for f in sub.model_fields if f != "pattern")
+        if patterns is None or name in patterns:
+            lines.append(f"- {name}: {sub.__doc__}\n  fields: {fields}")
     return "\n".join(lines)
 
 
@@ -471,8 +468,7 @@ def _multi_write(c, fns: dict) -> dict:
         raise PatternError("write_tools", f"{tools} names a tool twice: name two or three different tools")
     d, bound, behaviour = _draft_for(fns, tools[0])
     key = next(iter(bound), None)
-    lacking = [t for t in tools[1:] if key is None or key not in _params(fns[t])[0]]
-    if lacking:
+    if lacking := [t for t in tools[1:] if key is None or key not in _params(fns[t])[0]]:
         fit = [n for n in _writes(fns) if key and key in _params(fns[n])[0]]
         raise PatternError("write_tools", f"{', '.join(lacking)} cannot act on the record {tools[0]} names "
                                           f"({key or 'it takes no id'}): choose tools that all take the same id "
