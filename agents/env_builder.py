@@ -189,7 +189,6 @@ def _task_shape(spec: dict, tools: list[dict]) -> str:
     return json.dumps(walk([spec.get(k) for k in ("user_message", "reference", "reward")]), sort_keys=True)
 
 
-
 def one_key_per_line(spec: dict) -> str:
     return "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in spec.items()) + "\n}"
 
@@ -282,10 +281,9 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
                   attempts: int = 3, failed: list[dict] = ()) -> tuple[dict, dict]:
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
     under env_patterns.decode_schema (only bindings of the target's tools that expand, only patterns that fit
-    the capability: env_patterns.fitting); a choice that does not
-    fit the tools (env_patterns.PatternError), or binds the same pattern and tools as a `failed` choice
-    of an earlier round, goes back to the model like a validation error (a choice is a few dozen
-    tokens, so one more try than spec mode costs little)."""
+    the capability: env_patterns.fitting); a choice that does not fit the tools (env_patterns.PatternError),
+    or binds the same pattern and tools as a `failed` choice of an earlier round, goes back to the model
+    like a validation error (a choice is a few dozen tokens, so one more try than spec mode costs little)."""
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
     grammar = env_patterns.fitting(capability, env_patterns.decode_schema(target.tools))
     patterns = env_patterns.offered(grammar)
@@ -431,16 +429,15 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
         return None
     lib = library_match(capability, target.name) if library_fallback else None
     if lib is not None:  # verified like any other environment, in its own attempt folder
-        ldir = out / "library"
-        if not (ldir / "env.py").is_file():
-            atomic_write_text(ldir / "env.py", lib["path"].read_text())
-        lib_report = verify_attempt({"round": "library", "env": str(ldir / "env.py"), "origin": "library"},
-                                    capability, target, cfg,
-                                    reviewer, base_policy)
+        lib_env = out / "library" / "env.py"
+        if not lib_env.is_file():
+            atomic_write_text(lib_env, lib["path"].read_text())
+        lib_report = verify_attempt({"round": "library", "env": str(lib_env), "origin": "library"},
+                                    capability, target, cfg, reviewer, base_policy)
         if lib_report["passed"]:
             log(f"{capability['name']}: builder failed {rnd} round(s); SUBSTITUTE: library environment "
                 f"{lib['name']} ({lib['why']})")
-            return EnvRecord(status="verified", env=str(ldir / "env.py"), rounds=rnd, source=f"library:{lib['name']}",
+            return EnvRecord(status="verified", env=str(lib_env), rounds=rnd, source=f"library:{lib['name']}",
                              substitute=f"library environment {lib['name']} ({lib['why']}): the builder's {rnd} "
                                         "round(s) failed", findings=report["feedback"],
                              trained_on=TrainedOn(name=lib["name"], description=lib["description"]))
