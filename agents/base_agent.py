@@ -36,8 +36,7 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
     """Roll out one episode to the end and score it."""
     t0, started = time.perf_counter(), time.time()
     max_steps = max_steps or episode.max_steps
-    stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0,
-                 completion_tokens=0)
+    stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0, completion_tokens=0)
     error = None  # the reasons of the exception that ended the episode
     try:
         obs = episode.reset()

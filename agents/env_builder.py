@@ -400,8 +400,7 @@ def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | Non
     prev = attempt_dir(out_dir, rnd - 1)
     source = next((p for p in (prev / "builder_choice.json", prev / "spec.json") if p.is_file()), prev / "env.py")
     code = source.read_text() if source.is_file() else None
-    report = prev / "verifier_report.json"
-    error = prev / "builder_error.json"
+    report, error = prev / "verifier_report.json", prev / "builder_error.json"
     feedback = json.loads(report.read_text())["feedback"] if report.is_file() else \
         f"the builder gave no valid module: {json.loads(error.read_text())['error']}" if error.is_file() else None
     return code, feedback

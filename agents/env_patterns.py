@@ -515,5 +515,4 @@ def expand(choice: BaseModel | str | dict, tools: list[dict]) -> dict:
         for name in [getattr(c, field, None)] if field != "write_tools" else getattr(c, field, []):
             if name is not None and name not in names:
                 raise PatternError(field, f"{name!r} is not a tool of this target: choose from {', '.join(sorted(names))}")
-    spec = EXPANDERS[c.pattern](c, _fn(tools))
-    return EnvSpec.model_validate(spec).to_spec()
+    return EnvSpec.model_validate(EXPANDERS[c.pattern](c, _fn(tools))).to_spec()

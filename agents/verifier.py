@@ -389,11 +389,10 @@ def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyCon
         report.findings.append(Finding("llm_review", r["passed"], detail))
     if report.passed and base_policy is not None:
         c = report.calibration = calibrate(code, base_policy, cfg)
-        bad = [k for k, ok in c["checks"].items() if not ok]
-        report.findings.append(Finding("calibration", c["accepted"] or not cfg.calibration_gate,
-                                       f"base model: mean reward {c['mean_reward']:.2f}, success {c['success_rate']:.2f}"
-                                       + (f"; outside bounds: {', '.join(bad)}" if bad else "")
-                                       + ("" if c["accepted"] else "; " + difficulty_advice(c, cfg))
-                                       + ("" if c["accepted"] or cfg.calibration_gate else " (advisory: not gating)"),
+        detail = f"base model: mean reward {c['mean_reward']:.2f}, success {c['success_rate']:.2f}"
+        if bad := [k for k, ok in c["checks"].items() if not ok]:  # none iff c["accepted"]
+            gate = "" if cfg.calibration_gate else " (advisory: not gating)"
+            detail += f"; outside bounds: {', '.join(bad)}; {difficulty_advice(c, cfg)}{gate}"
+        report.findings.append(Finding("calibration", c["accepted"] or not cfg.calibration_gate, detail,
                                        {k: v for k, v in c.items() if k != "groups"}))
     return report
