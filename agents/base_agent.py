@@ -83,5 +83,5 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
             episode.close()
     return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=messages,
                       reward=score.reward, passed=score.passed, termination=termination,
-                      reasons={**score.reasons, **(error or {})},
-                      seconds=time.perf_counter() - t0, started_at=started, split=split, **stats)
+                      reasons={**score.reasons, **(error or {})}, seconds=time.perf_counter() - t0, started_at=started,
+                      split=split, **stats)

@@ -303,8 +303,7 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
                                                           "other tools") from None
     messages = pattern_messages(capability, target, feedback, previous, patterns)
     return _ask_builder("pattern choice", lambda: llm.structured(
-        messages, model, attempts, check=expanded, decode_schema=grammar,
-        **({"temperature": 0.7} if previous else {})))
+        messages, model, attempts, check=expanded, decode_schema=grammar, **({"temperature": 0.7} if previous else {})))
 
 
 def attempt_origin(adir: Path) -> str:

@@ -493,8 +493,7 @@ def _compute_then_act(c, fns: dict) -> dict:
                                                      for n in (2, 3, 4, 5) for e in (3, 4, 6, 12, 15, 25)]}
     args = d.args("write_tool", c.write_tool, {**bound, arg: "{task.amount.total}"})
     unit = _text(c.unit, 30) or "item"
-    said = (f"It is for {{task.amount.count}} x {unit} at {{task.amount.each}} each; the {_words(arg)} is the "
-            "total.")
+    said = f"It is for {{task.amount.count}} x {unit} at {{task.amount.each}} each; the {_words(arg)} is the total."
     return d.spec("compute_then_act", {c.write_tool: behaviour}, c.request, SYSTEM,
                   [{"call": c.write_tool, "args": args}, {"reply": "Done."}],
                   [_component("right_total", 0.5, _called(c.write_tool, {arg: "{task.amount.total}"})),
