@@ -67,7 +67,6 @@ class Routing:
     """Per-layer routing decisions, shared by the gate and that layer's Linears."""
     rank: int  # the adapters' LoRA rank
     route: torch.Tensor | None = None  # [batch, seq] long, 0 = base
-    gate: torch.Tensor | None = None  # [batch, seq] g of the chosen slot
     probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
     force: int | None = None  # force every token to one slot (tests, the router's scoring)
     rows: torch.Tensor | None = None  # [batch] slot per row, -1 = the gates decide (set by the engine)
@@ -75,15 +74,14 @@ class Routing:
 
 
 class RoutedLoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, As: list[torch.Tensor], Bs: list[torch.Tensor], scaling: list[float],
+    def __init__(self, base: nn.Linear, weights: list[tuple[torch.Tensor, torch.Tensor]], scaling: list[float],
                  routing: Routing):
         super().__init__()
         self.base, self.routing = base, routing
-        self.n, self.r = len(As), As[0].shape[0]
         dev, dt = base.weight.device, base.weight.dtype
         # Fold each adapter's scaling into its B; stack: A_cat [n*r, in], B_cat [out, n*r]
-        self.register_buffer("A_cat", torch.cat(As, 0).to(dev, dt))
-        self.register_buffer("B_cat", torch.cat([B * s for B, s in zip(Bs, scaling)], 1).to(dev, dt))
+        self.register_buffer("A_cat", torch.cat([A for A, _ in weights], 0).to(dev, dt))
+        self.register_buffer("B_cat", torch.cat([B * s for (_, B), s in zip(weights, scaling)], 1).to(dev, dt))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -117,7 +115,7 @@ class LayerGate(nn.Module):
             want = self.routing.rows.view(-1, *[1] * (route.dim() - 1)).expand_as(route)
             route = torch.where(want >= 0, want, route)
             gate = torch.where(want >= 0, torch.ones_like(gate), gate)
-        self.routing.route, self.routing.gate, self.routing.probs = route, gate, probs
+        self.routing.route, self.routing.probs = route, probs
         # one-hot by comparison (no host sync: the step may be replayed as a CUDA graph)
         slots = torch.arange(logits.shape[-1], device=route.device)
         sel = (route.unsqueeze(-1) == slots)[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
@@ -149,10 +147,7 @@ class LoRAMoE(nn.Module):
         self.model, self.adapters = model, adapters
         for p in model.parameters():
             p.requires_grad_(False)
-        layers = _decoder_layers(model)
-        hidden = model.config.hidden_size
         self.gates = nn.ModuleList()
-        self.routings: list[Routing] = []
         modules = dict(model.named_modules())
         targets = set(adapters[0].weights)
         ranks = {A.shape[0] for a in adapters for A, _ in a.weights.values()}
@@ -161,19 +156,17 @@ class LoRAMoE(nn.Module):
         if len(ranks) != 1:
             raise ValueError(f"adapters must share one LoRA rank to be fused; got ranks {sorted(ranks)}")
         prefix = {id(m): name for name, m in modules.items()}
-        for layer in layers:
+        for layer in _decoder_layers(model):
             routing = Routing(rank=next(iter(ranks)))
-            gate = LayerGate(hidden, len(adapters), routing).to(next(model.parameters()).device)
+            gate = LayerGate(model.config.hidden_size, len(adapters), routing).to(next(model.parameters()).device)
             self.gates.append(gate)
-            self.routings.append(routing)
             layer.register_forward_pre_hook(gate.decide, with_kwargs=True)
             for path in [p for p in targets if p.startswith(prefix[id(layer)] + ".")]:
                 parent_path, attr = path.rsplit(".", 1)
                 parent = modules[parent_path]
-                base = getattr(parent, attr)
-                setattr(parent, attr, RoutedLoRALinear(base, [a.weights[path][0] for a in adapters],
-                                                       [a.weights[path][1] for a in adapters],
+                setattr(parent, attr, RoutedLoRALinear(getattr(parent, attr), [a.weights[path] for a in adapters],
                                                        [a.scaling for a in adapters], routing))
+        self.routings = [g.routing for g in self.gates]
 
     def force(self, slot: int | None) -> None:
         """Route every token to `slot` (0 = base, k = adapter k), or None for learned routing."""
