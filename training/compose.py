@@ -13,10 +13,14 @@ gates + manifest); `load()` brings it back for evaluation or serving.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+
+import torch
 
 from trace_rl import prompts
 from trace_rl.core.trajectory import TrajectoryStore
+from trace_rl.training.engine import Engine
 from trace_rl.training.hf_policy import HFPolicy, assistant_labels, encode, render
 from trace_rl.training.moe import Adapter, LoRAMoE, train_gates
 
@@ -53,8 +57,6 @@ class ClassifierRouter:
 
     def scores(self, messages: list[dict]) -> list[float]:
         """Mean log-probability per slot (0 = base, k = adapter k), over the cyclic orders."""
-        import torch
-
         n = len(self.caps)
         total = torch.zeros(n + 1)
         device = next(self.moe.parameters()).device
@@ -65,9 +67,7 @@ class ClassifierRouter:
                 ids = torch.tensor([encode(self.tok, self.prompt(messages, order))], device=device)
                 with torch.no_grad():
                     logp = torch.log_softmax(self.moe(input_ids=ids).logits[0, -1][self.letter_ids].float(), -1).cpu()
-                total[0] += logp[0]
-                for pos, i in enumerate(order):
-                    total[i + 1] += logp[pos + 1]
+                total[[0, *(i + 1 for i in order)]] += logp  # option A is base, then the capabilities in `order`
         finally:
             self.moe.force(None)
         return (total / max(1, n)).tolist()
@@ -83,9 +83,8 @@ class Composition:
 
     def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict], name: str = "composed",
                  max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384):
-        from trace_rl.training.engine import Engine
-
         self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
+        self.modes = _modes(capabilities)
         self.router = ClassifierRouter(moe, tokenizer, capabilities)
         self.max_new_tokens = max_new_tokens
         self.routes: dict[str, int] = {}  # conversation -> chosen slot (router mode): chosen once
@@ -93,10 +92,6 @@ class Composition:
         # one engine for every mode: a row's tag is its slot (0 base, k adapter k, -1 the learned gates)
         self.engine = Engine(moe.model, tokenizer, rows=rows or (16 if cuda else 1), max_len=max_len,
                              before_forward=moe.route_rows)
-
-    @property
-    def modes(self) -> list[str]:
-        return _modes(self.caps)
 
     def route(self, messages: list[dict]) -> int:
         """The router's slot for this conversation, chosen once per task text."""
@@ -110,11 +105,7 @@ class Composition:
         """{mode: episodes the router sent there} over the router row's `conversations` (message lists):
         what the row actually ran. A conversation routed before a resume is decided again (the same
         scoring of the same text)."""
-        counts: dict[str, int] = {}
-        for messages in conversations:
-            mode = self.modes[self.route(messages)]
-            counts[mode] = counts.get(mode, 0) + 1
-        return counts
+        return dict(Counter(self.modes[self.route(messages)] for messages in conversations))
 
     def policy(self, mode: str) -> HFPolicy:
         if mode not in self.modes:
@@ -133,8 +124,6 @@ def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]],
     """(messages, tools) of successful rollouts -> (gate-training rows with labels on assistant tokens,
     how many were left out for running past `max_len` tokens). Never cut: a cut tail drops the
     assistant turns, a cut head the context the gates must route on."""
-    import torch
-
     rows, too_long = [], 0
     for messages, tools in conversations:
         ids, labels = assistant_labels(tokenizer, messages, tools)
