@@ -24,10 +24,12 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from trace_rl.core.io import atomic_write_json
@@ -143,8 +145,6 @@ class TokenRollout:
         return False
 
     def run(self, generate: Generate, task_ids: list[str], hinted: list[bool]) -> list[TokenEpisode]:
-        from concurrent.futures import ThreadPoolExecutor, wait
-
         # environments step in threads (a user simulator behind a batching server answers them
         # together); every thread finishes before an error goes up, and every started episode closes
         with ThreadPoolExecutor(max_workers=max(1, len(task_ids))) as pool:
@@ -183,8 +183,6 @@ def redraw(task_ids: list[str], *key) -> str:
 
 def token_logps(model, ids: list[int], start: int):
     """Log-probabilities of ids[start:] under `model` (no grad)."""
-    import torch
-
     dev = next(model.parameters()).device
     x = torch.tensor([ids], device=dev)
     with torch.no_grad():
@@ -194,8 +192,6 @@ def token_logps(model, ids: list[int], start: int):
 
 def kl_to_base(model, eps: list[TokenEpisode]) -> float:
     """Mean k3 estimate of KL(policy || base) over the model's sampled tokens (LoRA disabled = base)."""
-    import torch
-
     total, n = 0.0, 0
     for te in eps:
         ids, start = te.prompt_ids + te.completion_ids, len(te.prompt_ids)
@@ -220,7 +216,6 @@ def _signal_only_trainer():
       which the policy only emits garbage (seen on an H100 in bf16: grad_norm nan at step 3, then
       every completion ran to the turn limit).
     All processes decide together."""
-    import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
@@ -229,10 +224,9 @@ def _signal_only_trainer():
             self.trainer = trainer
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **_):
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            bad = float(any(not bool(torch.isfinite(g).all()) for g in grads))
-            bad = float(self.trainer.accelerator.reduce(torch.tensor(bad, device=self.trainer.accelerator.device),
-                                                        "sum")) > 0
+            acc = self.trainer.accelerator
+            bad = any(p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+            bad = float(acc.reduce(torch.tensor(float(bad), device=acc.device), "sum")) > 0
             self.trainer._metrics["train"]["skipped_nonfinite_grad"].append(float(bad))
             if bad:  # torch's optimizers leave a parameter without a gradient untouched
                 for p in model.parameters():
@@ -351,7 +345,6 @@ class CapabilityGRPO:
 
     # -- training
     def config(self):
-        import torch
         from trl import GRPOConfig
 
         s = self.s
@@ -476,15 +469,13 @@ def plot_curve(log: list[dict], path: Path, title: str) -> None:
                          [r.get("reward", 0) + r.get("reward_std", 0) for r in log], alpha=0.15)
     axes[0].set_ylim(-0.05, 1.05)
     axes[0].legend(fontsize=8)
-    axes[0].set_title("reward (±std) and success", fontsize=9)
     kl = [(x, r["kl_to_base"]) for x, r in zip(steps, log) if "kl_to_base" in r]  # every kl_every steps
     axes[1].plot([x for x, _ in kl], [k for _, k in kl], marker=".", color="tab:red")
     if not kl:
         axes[1].text(0.5, 0.5, "not logged (grpo.log_kl off)", ha="center", va="center", transform=axes[1].transAxes)
-    axes[1].set_title("KL(policy || base)", fontsize=9)
     axes[2].plot(steps, [r.get("completions/mean_length", float("nan")) for r in log], marker=".", color="tab:green")
-    axes[2].set_title("episode tokens after the prompt", fontsize=9)
-    for ax in axes:
+    for ax, heading in zip(axes, ["reward (±std) and success", "KL(policy || base)", "episode tokens after the prompt"]):
+        ax.set_title(heading, fontsize=9)
         ax.set_xlabel("step")
     fig.suptitle(title, fontsize=10)
     save_figure(fig, path)
