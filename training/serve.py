@@ -26,6 +26,8 @@ from typing import Any
 
 from trace_rl.core.llm import parse_tool_calls
 from trace_rl.core.server import ServerProcess, exit_with_parent
+from trace_rl.training import grammar
+from trace_rl.training.hf_policy import HFPolicy, encode, render
 
 
 _HF_SERVERS: dict[str, Any] = {}
@@ -52,9 +54,7 @@ def schema_prefix(response_format: dict | None) -> str:
     the asked shape (the 0.5B otherwise answers an analyst prompt with a tool call of its own). Not a
     guarantee: the client still validates and retries. Both forms: OpenAI's json_schema, and
     llama.cpp's json_object + schema."""
-    from trace_rl.training.grammar import request_schema
-
-    schema = request_schema(response_format) or {}
+    schema = grammar.request_schema(response_format) or {}
     props = list(schema.get("properties") or {})
     if not props:
         return ""
@@ -64,9 +64,7 @@ def schema_prefix(response_format: dict | None) -> str:
 
 def make_handler(policy, name: str):
     """The request handler for one model (`policy`: an HFPolicy, whose engine batches requests)."""
-    from trace_rl.training import grammar
     from trace_rl.training.engine import Request
-    from trace_rl.training.hf_policy import encode, render
 
     tok = policy.tokenizer
     engine = policy.batcher.engine
@@ -146,8 +144,6 @@ def make_handler(policy, name: str):
 def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | None = None,
           max_len: int = 16384) -> None:
     """Load `model` (embedded name, .gguf, or transformers folder) and serve it until killed."""
-    from trace_rl.training.hf_policy import HFPolicy
-
     policy = HFPolicy.load(model, rows=rows, max_len=max_len)
     name = Path(model).stem
     server = ThreadingHTTPServer((host, port), make_handler(policy, name))
