@@ -11,7 +11,7 @@ unenforced schema prefix (callers validate and retry, as with any endpoint).
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import lru_cache, partial
 
 
 def available() -> bool:
@@ -32,12 +32,9 @@ class Grammars:
 
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        self._compiler = xgr.GrammarCompiler(info)
-        self._compile = lru_cache(maxsize=64)(self._compile_uncached)
-
-    def _compile_uncached(self, schema: str):
         # compact JSON: with any whitespace allowed, a small model at T > 0 can spend its budget on blanks
-        return self._compiler.compile_json_schema(schema, any_whitespace=False)
+        compile_schema = partial(xgr.GrammarCompiler(info).compile_json_schema, any_whitespace=False)
+        self._compile = lru_cache(maxsize=64)(compile_schema)
 
     def matcher(self, schema: dict):
         """A matcher for one reply in `schema`. Raises ValueError for a schema xgrammar cannot compile."""
