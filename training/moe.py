@@ -51,8 +51,7 @@ class Adapter:
 
         path = Path(path)
         cfg = json.loads((path / "adapter_config.json").read_text())
-        r, alpha = cfg["r"], cfg["lora_alpha"]
-        scaling = alpha / (r ** 0.5) if cfg.get("use_rslora") else alpha / r
+        scaling = cfg["lora_alpha"] / (cfg["r"] ** 0.5 if cfg.get("use_rslora") else cfg["r"])
         tensors = load_file(str(path / "adapter_model.safetensors"))
         weights = {key.removesuffix(".lora_A.weight").replace("base_model.model.", "", 1):
                    (A, tensors[key.replace(".lora_A.", ".lora_B.")]) for key, A in tensors.items()
