@@ -46,7 +46,7 @@ class ClassifierRouter:
         if len(capabilities) + 1 > len(LETTERS):
             raise ValueError(f"the router handles at most {len(LETTERS) - 1} capabilities")
         self.moe, self.tok, self.caps = moe, tokenizer, capabilities
-        self.letter_ids = [encode(tokenizer, LETTERS[i])[0] for i in range(len(capabilities) + 1)]
+        self.letter_ids = [encode(tokenizer, letter)[0] for letter in LETTERS[:len(capabilities) + 1]]
 
     def prompt(self, messages: list[dict], order: list[int] | None = None) -> str:
         order = list(range(len(self.caps))) if order is None else order
