@@ -248,7 +248,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         show_config: bool = typer.Option(False, help="print the resolved config and exit")):
     """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
     from trace_rl.graph.config import load_config, stage_fingerprints
-    from trace_rl.graph.pipeline import check_until
+    from trace_rl.graph.pipeline import check_until, saved_fingerprints
 
     check_until(until)
     over = _overrides(set_)
@@ -263,8 +263,6 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
     safe = "".join(c if c.isalnum() else "-" for c in cfg.benchmark)
     run_dir = Path(run_dir or f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
     if (run_dir / "graph.sqlite").exists():
-        from trace_rl.graph.pipeline import saved_fingerprints
-
         if saved_fingerprints(run_dir) == stage_fingerprints(cfg):
             _fail(f"{run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
         console.print(f"{run_dir} holds a run with another config: the stages it changes are re-run")
@@ -300,6 +298,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
     machine: `--set serve=hf` on a GPU machine, `--set serve=llama.cpp` back on a CPU one)."""
     from trace_rl.graph.config import deep_merge, load_config, stage_fingerprints
     from trace_rl.graph.pipeline import check_until
+    from trace_rl.graph.rundir import save_config
 
     check_until(until)
     cfg = _saved(run_dir)
@@ -308,12 +307,9 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
         if stage_fingerprints(new) != stage_fingerprints(cfg):
             _fail("resume --set may change only how the run is served (serve, serve_rows, concurrency, timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
-        from trace_rl.graph.rundir import save_config
-
         save_config(Path(run_dir), new)
         cfg = new
     _drive(run_dir, cfg, True, wait, web, port, until)
-
 
 
 @app.command()
@@ -427,12 +423,11 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     code_path = Path(env)
     if not code_path.is_file():
         _fail(f"no environment module at {env}")
-    name = name or code_path.stem
-    defaults = RunConfig()
-    train_seeds, heldout = train_seeds or defaults.train_seeds, heldout or defaults.heldout_seeds
+    name, defaults = name or code_path.stem, RunConfig()
     entry = train_capability(name, code_path.resolve(), Path(out) / "train" / name, lambda: load_model(model), settings,
-                             trained_on=TrainedOn(name=name, description=name), train_seeds=train_seeds,
-                             heldout_seeds=heldout, log=console.print)
+                             trained_on=TrainedOn(name=name, description=name), log=console.print,
+                             train_seeds=train_seeds or defaults.train_seeds,
+                             heldout_seeds=heldout or defaults.heldout_seeds)
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports
         return
     console.print(f"[bold]{name}[/]: {entry.steps} GRPO steps; held-out success "
@@ -480,25 +475,22 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
     bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
                            options=_overrides(bench_opt, "--bench-opt"))
-    target = Target.of(bench)
     defaults = RunConfig()
-    rounds = rounds or defaults.build_rounds
     model = LLM(LLMConfig(model=builder or defaults.builder.model, base_url=builder_url,
                           max_tokens=max_tokens or defaults.builder.max_tokens))
     cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
     base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
     out = Path(run_dir) / "envs" / cap.name
     t0 = time.perf_counter()
-    record = synthesize(cap.model_dump(), target, model, out, max_rounds=rounds, examples=[compact(t, 3000) for t in examples],
-                        mode=builder_mode(mode, model),
+    record = synthesize(cap.model_dump(), Target.of(bench), model, out, max_rounds=rounds or defaults.build_rounds,
+                        examples=[compact(t, 3000) for t in examples], mode=builder_mode(mode, model),
                         reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
-    u = model.usage
-    result = {**record.model_dump(), "cost": {"builder_calls": u.calls, "prompt_tokens": u.prompt_tokens,
-                                              "completion_tokens": u.completion_tokens,
-                                              "wall_seconds": time.perf_counter() - t0}}
-    atomic_write_json(out / "result.json", result)
+    u, secs = model.usage, time.perf_counter() - t0
+    atomic_write_json(out / "result.json", {**record.model_dump(), "cost": {
+        "builder_calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+        "wall_seconds": secs}})
     console.print(f"[bold]{cap.name}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
-                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {result['cost']['wall_seconds']:.0f}s; attempts in {out}")
+                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {secs:.0f}s; attempts in {out}")
 
 
 def sample_turns(traj, n: int = 4) -> str:
