@@ -43,23 +43,19 @@ def verifier_report(env_path: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def calibrated(env_path: str) -> bool | None:
-    """Whether the verifier measured this environment with the base model (its report says);
-    None where no report can be read."""
-    try:
-        report = verifier_report(env_path)
-    except (OSError, ValueError):
-        return None
-    return report.get("calibration") is not None if isinstance(report, dict) else None
-
-
 def calibration_note(env: EnvRecord, run_dir: Path | None) -> str:
-    """The synthesise row's word on calibration: off, or unknown where the verifier's report is gone."""
+    """The synthesise row's word on calibration: off (the verifier's report has none), or unknown
+    where that report is gone or unreadable."""
     if not env.env or env.substitute:  # a library env was verified where it was written: nothing to say
         return ""
-    measured = calibrated(here(env.env, run_dir) if run_dir is not None else env.env)
-    return "; not calibrated (calibrate is off)" if measured is False else \
-        "; calibration unknown (no verifier report at the recorded path)" if measured is None else ""
+    path = here(env.env, run_dir) if run_dir is not None else env.env
+    try:
+        report = verifier_report(path)
+    except (OSError, ValueError):
+        report = None
+    if not isinstance(report, dict):
+        return "; calibration unknown (no verifier report at the recorded path)"
+    return "" if report.get("calibration") is not None else "; not calibrated (calibrate is off)"
 
 
 def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
