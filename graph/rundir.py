@@ -69,10 +69,8 @@ def check_run_dir(run_dir: Path) -> None:
     for name, fix in (("config.json", "restore it, or start a new run directory"),
                       ("approvals.json", "fix or remove it (decisions are asked again)"),
                       ("pending.json", "remove it (the run writes it again when it waits)")):
-        if (run_dir / name).is_file():
-            data = read_json_file(run_dir / name, fix)
-            if not isinstance(data, dict):
-                raise RunDirError(f"{run_dir / name}: must hold a JSON object; {fix}")
+        if (run_dir / name).is_file() and not isinstance(read_json_file(run_dir / name, fix), dict):
+            raise RunDirError(f"{run_dir / name}: must hold a JSON object; {fix}")
 
 
 def save_config(run_dir: Path, cfg: RunConfig) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from trace_rl.core.records import CapabilityRecord, EnvRecord
+from trace_rl.graph.approvals import pending_item, record_decision
 from trace_rl.graph.report import verifier_report
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -46,11 +47,10 @@ def render_capabilities(item: dict, run_dir: Path) -> str:
 
 def render_environment(item: dict, run_dir: Path) -> str:
     env = EnvRecord.model_validate(item["env"])
-    path = Path(env.env) if env.env else None
     parts = [f"<p>Capability <b>{_e(item['capability']['name'])}</b>: {_e(item['capability']['description'])}</p>",
              f"<p>Status: <b class={'ok' if item.get('verified') else 'bad'}>{_e(env.status)}</b>, source "
              f"{_e(env.source)}, builder rounds {_e(env.rounds)}</p>"]
-    if report := verifier_report(env.env) if env.env else None:
+    if env.env and (report := verifier_report(env.env)):
         parts.append("<h3>Verifier findings</h3><table><tr><th>check</th><th>result</th><th>detail</th></tr>" + "".join(
             f"<tr><td>{_e(f['check'])}</td><td class={'ok' if f['passed'] else 'bad'}>{'pass' if f['passed'] else 'FAIL'}"
             f"</td><td>{_e(f['detail'])}</td></tr>" for f in report.get("findings", [])) + "</table>")
@@ -59,7 +59,7 @@ def render_environment(item: dict, run_dir: Path) -> str:
                          f"{c['success_rate']:.2f}, informative groups {c['informative_groups']:.2f}</p>")
         for name, msgs in (report.get("samples") or {}).items():
             parts.append(f"<h3>Sample episode: {_e(name)}</h3>{_episode(msgs)}")
-    if path and path.is_file():
+    if env.env and (path := Path(env.env)).is_file():
         parts.append(f"<h3>Code ({_e(path.name)})</h3><pre id=code>{_e(path.read_text())}</pre>")
     parts.append(f"<form method=post action=/decide><input type=hidden name=id value='{_e(item['id'])}'>"
                  "<p>Reason (for a rejection): <input name=reason size=60></p>"
@@ -69,8 +69,6 @@ def render_environment(item: dict, run_dir: Path) -> str:
 
 
 def page(run_dir: Path, message: str = "") -> str:
-    from trace_rl.graph.approvals import pending_item
-
     item = pending_item(run_dir, undecided=True)
     body = f"<p class=ok id=message>{_e(message)}</p>" if message else ""
     if item is None:
@@ -102,8 +100,6 @@ def decision_from_form(item: dict, form: dict[str, list[str]]) -> dict:
 
 def serve(run_dir: str | Path, port: int = 0) -> ThreadingHTTPServer:
     """Start the page in a background thread; returns the server (`.shutdown()` to stop)."""
-    from trace_rl.graph.approvals import pending_item, record_decision
-
     run_dir = Path(run_dir).resolve()
 
     class Handler(BaseHTTPRequestHandler):
