@@ -183,9 +183,8 @@ class Pipeline:
         caps = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True,
                        tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
         out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
-        return {"capabilities": caps, "analysis": {k: out.get(k) for k in ("trajectories", "passed", "failed",
-                                                                            "hollow", "no_contrast",
-                                                                            "labelling_runs")}}
+        figures = ("trajectories", "passed", "failed", "hollow", "no_contrast", "labelling_runs")
+        return {"capabilities": caps, "analysis": {k: out.get(k) for k in figures}}
 
     def select(self, s: State) -> dict:
         from langgraph.types import interrupt
@@ -358,8 +357,6 @@ class Pipeline:
 
             stop_lora_endpoints()  # the adapter rows' llama.cpp servers: done with
         if comp is not None and "skipped" not in results.get("router", {"skipped": True}):
-            from trace_rl.core.trajectory import TrajectoryStore
-
             episodes = TrajectoryStore(self.it(s) / "eval" / "router").all()  # resumed ones too
             results["router"]["routes"] = comp.route_counts([t.messages for t in episodes])
         return {"results": results}
@@ -392,8 +389,7 @@ class Pipeline:
             g.add_node(n, self._timed(n, getattr(self, n)))
         for a, b in [(START, "rollout"), ("rollout", "analyse"), ("analyse", "select"), ("select", "next_capability"),
                      ("approve_env", "next_capability"), ("compose", "train_target"), ("train_target", "evaluate"),
-                     ("evaluate", "report"),
-                     ("next_iteration", "rollout")]:
+                     ("evaluate", "report"), ("next_iteration", "rollout")]:
             g.add_edge(a, b)
         # all environments are built (and approved) before any training: Docker machine first, GPU machine after.
         # compose runs (and skips, saying so) even when nothing was trained: the base row is always measured
