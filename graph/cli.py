@@ -122,15 +122,13 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
     from trace_rl.evals.rollout import rollout
-
     from trace_rl.graph.config import AgentSettings
     from trace_rl.training.serve import served
 
     agent = AgentSettings()
-    max_steps, max_tokens = max_steps or agent.max_steps, max_tokens or agent.max_tokens
     if serve not in ("llama.cpp", "hf"):
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
-    offer = {"max_steps": max_steps}
+    offer = {"max_steps": max_steps or agent.max_steps}
     if user_model or user_base_url or serve == "hf":
         offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0),
                                    serve, 2 * concurrency)
@@ -140,8 +138,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     ids = (task_id or [t.id for t in bench.tasks(split)])[:tasks or None]
     safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
     out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
-    policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens, temperature=temperature),
-                        serve, 2 * concurrency))
+    policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
+                                  temperature=temperature), serve, 2 * concurrency))
     t0 = time.perf_counter()
     trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
                     passed_threshold=passed_threshold)
