@@ -304,7 +304,7 @@ def load_config(path: str | Path | None = None, preset: str | None = None, overr
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(describe(err, str(path or f"preset {preset}" if preset else "config"))) from None
+        raise ConfigError(describe(err, str(path) if path else f"preset {preset}" if preset else "config")) from None
     from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
 
     if cfg.components:  # its module may register the benchmark it targets

@@ -188,6 +188,7 @@ def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(bad)
     msg = str(err.value)
+    assert msg.startswith(f"{bad}: invalid run configuration")  # the file is named, not "config"
     assert "grpo.group_size" in msg and "greater than or equal to 2" in msg
     assert "analysis.k" in msg and "build_roundz: unknown field" in msg
     with pytest.raises(ConfigError, match="benchmark: unknown benchmark 'nope:x'"):
