@@ -147,7 +147,7 @@ _TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 
 def _json_objects(text: str):
-    """Every top-level JSON object in `text`, in order."""
+    """Every top-level JSON object in `text`, in order (each object of a list on its own)."""
     dec = json.JSONDecoder()
     i = 0
     while (i := text.find("{", i)) != -1:
@@ -160,18 +160,14 @@ def _json_objects(text: str):
         i = end
 
 
-def _as_tool_call(obj: Any, names: set[str] | None) -> ToolCall | None:
-    if not isinstance(obj, dict):
-        return None
-    if "function" in obj and isinstance(obj["function"], dict):  # OpenAI-shaped
+def _as_tool_call(obj: dict, names: set[str] | None) -> ToolCall | None:
+    if isinstance(obj.get("function"), dict):  # OpenAI-shaped
         obj = obj["function"]
     name = obj.get("name")
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         args = tool_arguments(args.strip())
-    if not isinstance(name, str) or not isinstance(args, dict):
-        return None
-    if names is not None and name not in names:
+    if not isinstance(name, str) or not isinstance(args, dict) or (names is not None and name not in names):
         return None
     return ToolCall(name=name, arguments=args)
 
@@ -185,13 +181,7 @@ def parse_tool_calls(text: str, names: set[str] | None = None) -> list[ToolCall]
     if not text or "{" not in text:
         return []
     chunks = _TAG.findall(text) or _FENCE.findall(text) or [text]
-    calls = []
-    for chunk in chunks:
-        for obj in _json_objects(chunk):
-            for item in obj if isinstance(obj, list) else [obj]:
-                if tc := _as_tool_call(item, names):
-                    calls.append(tc)
-    return calls
+    return [tc for chunk in chunks for obj in _json_objects(chunk) if (tc := _as_tool_call(obj, names))]
 
 
 def quote_inner_quotes(text: str) -> str:
