@@ -137,13 +137,8 @@ class LlamaServer(ServerProcess):
 
 
 def common_prefix(a, b) -> int:
-    """How many leading tokens two token sequences share (a cached prefix's reusable length)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """How many leading tokens two token lists share (a cached prefix's reusable length)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def states_to_keep(saved: list[tuple[Path, list[int]]], keep: int) -> list[Path]:
