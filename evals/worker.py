@@ -59,10 +59,6 @@ class Worker(JsonLinesProcess):
         return subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 bufsize=0)
 
-    def _kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-
     def call(self, op: str, *args):
         with self.lock:
             try:

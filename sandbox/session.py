@@ -165,7 +165,7 @@ class Sandbox(Closing, ABC):
 class JsonLinesProcess(Closing, ABC):
     """The host side of a JSON-lines protocol with a child process (runner.py for both sandbox
     backends, a benchmark's worker): request ids, call/episode timeouts, reply and output caps,
-    typed errors. Subclasses start the process (`_spawn`) and kill it (`_kill`)."""
+    typed errors. Subclasses start the process (`_spawn`) and kill what it started (`_kill`)."""
 
     what = "process"  # in messages: "<what> exited with ..."
 
@@ -200,9 +200,10 @@ class JsonLinesProcess(Closing, ABC):
     def _spawn(self) -> subprocess.Popen:
         """Start the runner with pipes on stdin/stdout/stderr (bufsize=0)."""
 
-    @abstractmethod
     def _kill(self) -> None:
-        """Kill the runner (and whatever it started); may be called more than once, from any thread."""
+        """Kill the runner (a subclass first kills what it started); may run more than once, from any thread."""
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     def _exit_kind(self, returncode: int | None) -> tuple[str, str] | None:
         """(kind, message) for a runner that died with `returncode`, when it is not a plain crash."""
@@ -284,9 +285,8 @@ class JsonLinesProcess(Closing, ABC):
 
     def close(self) -> None:
         """Remove the process (container); at most ~2 s whatever the module is doing."""
-        draining = False
-        if self.proc.poll() is None:
-            draining = True
+        draining = self.proc.poll() is None
+        if draining:
             threading.Thread(target=self._drain_stdout, daemon=True).start()
             killer = threading.Thread(target=self._kill, daemon=True)
             killer.start()
@@ -339,8 +339,7 @@ class EnvSession(_JsonLinesSession):
     def _kill(self) -> None:
         with suppress(subprocess.TimeoutExpired):
             subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, timeout=60)
-        if self.proc.poll() is None:
-            self.proc.kill()
+        super()._kill()
 
     def _exit_kind(self, returncode):
         if returncode in (137, -9):
@@ -439,8 +438,7 @@ class SubprocessSession(_JsonLinesSession):
     def _kill(self) -> None:
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # the runner and whatever it started
-        if self.proc.poll() is None:
-            self.proc.kill()
+        super()._kill()
 
     def _exit_kind(self, returncode):
         if returncode == -signal.SIGXCPU:
