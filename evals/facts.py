@@ -105,9 +105,7 @@ def render_facts(facts: dict) -> str:
     """The facts as the analyst reads them, under the trajectory."""
     lines = [f"facts: ended by {facts['termination']}, {facts['turns']} agent turns, tools used: "
              f"{', '.join(facts['tools_used']) or 'none'}"]
-    for name in FACTS:
-        for occ in facts[name][:5]:
-            lines.append(f"  fact {name} at step {occ['step']}: {occ['detail']}")
+    lines += [f"  fact {name} at step {occ['step']}: {occ['detail']}" for name in FACTS for occ in facts[name][:5]]
     return "\n".join(lines)
 
 

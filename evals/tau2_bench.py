@@ -357,9 +357,7 @@ class Tau2Benchmark(Benchmark):
         if nl_judge and isinstance(user_llm, str):
             raise BenchmarkError("nl_judge=true needs the user simulator as a model trace-rl reaches (an embedded "
                                  "name via --user-model, or model + base_url), not a litellm string")
-        self.user_llm = user_llm
-        self.max_steps = max_steps
-        self._judge = None
+        self.user_llm, self.max_steps, self._judge = user_llm, max_steps, None
 
     def splits(self) -> list[str]:
         return list(_tau2_splits(self.domain))
