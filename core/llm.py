@@ -13,6 +13,7 @@ import re
 import threading
 import time
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
@@ -216,19 +217,15 @@ def extract_json(text: str) -> Any:
     escaped (endpoints without a grammar) and other raw control characters in strings allowed (xgrammar's
     JSON grammar lets a tab through); raises ValueError if none."""
     for fix in (str, quote_inner_quotes):
-        lenient = fix is not str
+        strict = fix is str
         for chunk in _FENCE.findall(text) + [text]:
             chunk = fix(chunk.strip())
-            try:
-                return json.loads(chunk, strict=not lenient)
-            except ValueError:
-                pass
+            with suppress(ValueError):
+                return json.loads(chunk, strict=strict)
             for start in (chunk.find("{"), chunk.find("[")):
                 if start != -1:
-                    try:
-                        return json.JSONDecoder(strict=not lenient).raw_decode(chunk, start)[0]
-                    except ValueError:
-                        pass
+                    with suppress(ValueError):
+                        return json.JSONDecoder(strict=strict).raw_decode(chunk, start)[0]
     raise ValueError("no JSON value found in the reply")
 
 

@@ -179,10 +179,8 @@ class PromptStates:
         out = []
         for meta in self.dir.glob("*.tokens.json"):
             state = meta.with_name(meta.name.replace(".tokens.json", ".state"))
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a half-pruned or foreign file: not a state
                 out.append((meta.stat().st_mtime, state, json.loads(meta.read_text())))
-            except (OSError, ValueError):
-                continue  # a half-pruned or foreign file: not a state
         return [(state, tokens) for _, state, tokens in sorted(out, key=lambda t: t[0], reverse=True)]
 
     def restore(self, llama, prompt: list[int]) -> int:

@@ -97,10 +97,8 @@ def _depth_ok(x, limit: int = MAX_DEPTH) -> bool:
         node, d = stack.pop()
         if d > limit:
             return False
-        if isinstance(node, dict):
-            stack += [(v, d + 1) for v in node.values()]
-        elif isinstance(node, list):
-            stack += [(v, d + 1) for v in node]
+        if isinstance(node, (dict, list)):
+            stack += [(v, d + 1) for v in (node.values() if isinstance(node, dict) else node)]
     return True
 
 
@@ -273,15 +271,12 @@ class JsonLinesProcess(Closing, ABC):
         """Read the protocol channel to its end: a module flooding it would otherwise block
         the container's removal (the engine waits for the attached stream). This thread owns
         the pipe from now on and closes it, so its fd number cannot be reused under it."""
-        try:
+        with suppress(OSError, ValueError):
             fd = self.proc.stdout.fileno()
             while os.read(fd, 1 << 20):
                 pass
-        except (OSError, ValueError):
-            pass
-        finally:
-            with suppress(OSError):
-                self.proc.stdout.close()
+        with suppress(OSError):
+            self.proc.stdout.close()
 
     def close(self) -> None:
         """Remove the process (container); at most ~2 s whatever the module is doing."""
