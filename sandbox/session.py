@@ -127,39 +127,6 @@ class Closing:
         self.close()
 
 
-class Sandbox(Closing, ABC):
-    """A warm sandbox session: what the stages need, whichever backend runs it. Every failure is a
-    `SandboxError` with a kind (see there); a session whose process died is not `alive`, keeps
-    raising its first failure, and is replaced, never reused. `close()` is quick and idempotent."""
-
-    limits: SessionLimits
-    failure: SandboxError | None = None
-
-    @abstractmethod
-    def load(self, code: str, entry: str = "Env", **kwargs) -> None:
-        """Exec the module and build `entry(**kwargs)`; on failure the session is closed (a session
-        that never loaded is useless)."""
-
-    @abstractmethod
-    def call(self, method: str, *args, **kwargs):
-        """A method of the loaded object; its JSON result."""
-
-    @abstractmethod
-    def exec(self, code: str, timeout: float | None = None) -> str:
-        """Run a snippet in the sandbox; what it printed."""
-
-    @abstractmethod
-    def new_episode(self) -> None:
-        """Restart the per-episode wall clock (call before each reset)."""
-
-    @property
-    @abstractmethod
-    def alive(self) -> bool: ...
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-
 class JsonLinesProcess(Closing, ABC):
     """The host side of a JSON-lines protocol with a child process (runner.py for both sandbox
     backends, a benchmark's worker): request ids, call/episode timeouts, reply and output caps,
@@ -295,10 +262,15 @@ class JsonLinesProcess(Closing, ABC):
                 f.close()
 
 
-class _JsonLinesSession(JsonLinesProcess, Sandbox):
-    """The Sandbox API on runner.py's protocol, for both backends."""
+class Sandbox(JsonLinesProcess):
+    """A warm sandbox session: what the stages need, whichever backend runs it (a backend starts runner.py in
+    `_spawn` and kills it in `_kill`). Every failure is a `SandboxError` with a kind (see there); a session
+    whose process died is not `alive`, keeps raising its first failure, and is replaced, never reused.
+    `close()` is quick and idempotent."""
 
     def load(self, code: str, entry: str = "Env", **kwargs) -> None:
+        """Exec the module and build `entry(**kwargs)`; on failure the session is closed (a session
+        that never loaded is useless)."""
         try:
             self.request({"op": "load", "code": code, "entry": entry, "kwargs": kwargs}, timeout=30)
         except SandboxError:
@@ -306,16 +278,19 @@ class _JsonLinesSession(JsonLinesProcess, Sandbox):
             raise
 
     def call(self, method: str, *args, **kwargs):
+        """A method of the loaded object; its JSON result."""
         return self.request({"op": "call", "method": method, "args": list(args), "kwargs": kwargs})
 
     def exec(self, code: str, timeout: float | None = None) -> str:
+        """Run a snippet in the sandbox; what it printed."""
         return self.request({"op": "exec", "code": code}, timeout=timeout)
 
     def new_episode(self) -> None:
+        """Restart the per-episode wall clock (call before each reset)."""
         self._t_episode = time.monotonic()
 
 
-class EnvSession(_JsonLinesSession):
+class EnvSession(Sandbox):
     """The Docker backend: a warm hardened container (docker_run_args) that can load environment code and
     call methods on it. The one to use for code nobody has verified yet."""
 
@@ -378,7 +353,7 @@ _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); import runner; runner.main
 _warned = False
 
 
-class SubprocessSession(_JsonLinesSession):
+class SubprocessSession(Sandbox):
     """The subprocess backend: the image's runner.py, same JSON-lines protocol, in a plain child
     process. For a machine without Docker (a GPU box for training), and ONLY for environments that
     already passed the verifier on the Docker backend: it is NOT isolation against hostile code.
