@@ -76,8 +76,7 @@ class Benchmark(ABC):
             for t in self.tasks(s):
                 if t.id == task_id:
                     return t
-        raise BenchmarkError(f"{self.name}: unknown task id {task_id!r}"
-                             + (f" in split {split!r}" if split else ""))
+        raise BenchmarkError(f"{self.name}: unknown task id {task_id!r}" + (f" in split {split!r}" if split else ""))
 
 
 class BenchmarkError(ValueError):
