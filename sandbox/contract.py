@@ -13,14 +13,6 @@ def _bad(call: str, message: str) -> SandboxError:
     return SandboxError("contract", f"{call}: {message}")
 
 
-def unit_interval(x, call: str, what: str) -> float:
-    """A finite number in [0, 1] (bools refused: True is not a reward), as core/reward.py checks it."""
-    try:
-        return check_unit(x, what)
-    except ValueError as err:
-        raise _bad(call, str(err)) from None
-
-
 def _messages(msgs, call: str) -> list[dict]:
     if not isinstance(msgs, list):
         raise _bad(call, f"messages must be a list, got {type(msgs).__name__}")
@@ -69,12 +61,15 @@ def reward(session: Sandbox) -> dict:
     r = session.call("reward")
     if not isinstance(r, dict):
         raise _bad("reward", f"must return a dict, got {type(r).__name__}")
-    value = unit_interval(r.get("reward"), "reward", "reward")
-    comps = r.get("components", {})
-    if not isinstance(comps, dict):
-        raise _bad("reward", "components must be a dict of name -> value in [0, 1]")
-    comps = {str(k): unit_interval(float(v) if isinstance(v, bool) else v, "reward", f"component {k!r}")
-             for k, v in comps.items()}  # a bool component (called: True) is 1.0 / 0.0
+    try:  # finite numbers in [0, 1] (a bool reward refused), as core/reward.py checks them
+        value = check_unit(r.get("reward"))
+        comps = r.get("components", {})
+        if not isinstance(comps, dict):
+            raise _bad("reward", "components must be a dict of name -> value in [0, 1]")
+        comps = {str(k): check_unit(float(v) if isinstance(v, bool) else v, f"component {k!r}")
+                 for k, v in comps.items()}  # a bool component (called: True) is 1.0 / 0.0
+    except ValueError as err:
+        raise _bad("reward", str(err)) from None
     if not isinstance(r.get("success"), bool):
         raise _bad("reward", f"success must be true or false, got {r.get('success')!r:.40}")
     if r["success"] != is_success(value):  # one success rule for episodes and calibration alike
