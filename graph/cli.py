@@ -207,7 +207,7 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int, until: 
 
 
 def _print_status(run_dir, st: dict) -> None:
-    from trace_rl.graph.report import STAGE_NODES, row_notes, stage_summary
+    from trace_rl.graph.report import EVAL_COLUMNS, STAGE_NODES, evaluation_rows, row_notes, stage_summary
 
     t = st.get("timings") or {}
     table = Table("stage", "wall s", "outcome", "detail", title=f"trace-rl run {run_dir}")
@@ -217,17 +217,10 @@ def _print_status(run_dir, st: dict) -> None:
         table.add_row(row["stage"], "" if row["stage"] in seen else f"{secs:.0f}", row["outcome"], row["detail"])
         seen.add(row["stage"])
     console.print(table)
-    if res := st.get("results"):
-        notes = row_notes(st)
-        before = Table("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward", "note",
-                       title="before / after on the target benchmark")
-        for m, r in res.items():
-            if "skipped" in r:
-                before.add_row(m, "-", "-", "-", "-", "-", f"not evaluated: {r['skipped']}")
-                continue
-            before.add_row(m, f"{r['tasks']} × {r.get('trials', 1)}", f"{r['pass@1']:.1%}",
-                           f"{r['ci95'][0]:.0%}-{r['ci95'][1]:.0%}", f"{r['passed']}/{r['episodes']}",
-                           f"{r['mean_reward']:.2f}", notes.get(m, ""))
+    if rows := evaluation_rows({"evaluation": st.get("results"), "notes": row_notes(st)}):
+        before = Table(*EVAL_COLUMNS, title="before / after on the target benchmark")
+        for row in rows:
+            before.add_row(*row)
         console.print(before)
 
 

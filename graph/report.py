@@ -131,6 +131,23 @@ def eval_note(r: dict, mode: str, figures: dict) -> str:
     return "; ".join(x for x in ((r.get("notes") or {}).get(mode, ""), where) if x)
 
 
+EVAL_COLUMNS = ("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward", "note")
+
+
+def evaluation_rows(r: dict) -> list[list[str]]:
+    """The before/after table of a report (`report_data`'s evaluation and notes), one row per
+    mode: report.md and `trace-rl status` print the same cells."""
+    rows = []
+    for mode, g in (r.get("evaluation") or {}).items():
+        if "skipped" in g:
+            rows.append([mode, "–", "–", "–", "–", "–", f"not evaluated: {g['skipped']}"])
+            continue
+        rows.append([mode, f"{g['tasks']} × {g.get('trials', 1)}", f"{g['pass@1']:.1%}",
+                     f"{g['ci95'][0]:.0%}–{g['ci95'][1]:.0%}", f"{g['passed']}/{g['episodes']}",
+                     f"{g['mean_reward']:.2f}", eval_note(r, mode, g)])
+    return rows
+
+
 def render_markdown(r: dict) -> str:
     lines = [f"# trace-rl run: {r['benchmark']}", "", "## What each stage produced", "",
              "| stage | outcome | detail |", "|---|---|---|"]
@@ -141,15 +158,9 @@ def render_markdown(r: dict) -> str:
         kept = "yes" if c["kept"] else "no (trained anyway: train_unkept)" if c.get("below_threshold") else "no"
         lines.append(f"| {c['name']} | {c['cov_mean']:.2f} | {c['delta_mean']:+.2f} | {c['runs_passed']}/{c['n_runs']} | "
                      f"{kept} | {c['status']} | {c.get('reason') or ''} |")
-    if r.get("evaluation"):
-        lines += ["", "## Evaluation", "", "| mode | tasks × trials | pass@1 | passed | mean reward | note |",
-                  "|---|---|---|---|---|---|"]
-        for mode, g in r["evaluation"].items():
-            if "skipped" in g:
-                lines.append(f"| {mode} | – | – | – | – | not evaluated: {g['skipped']} |")
-                continue
-            lines.append(f"| {mode} | {g['tasks']} × {g.get('trials', 1)} | {g['pass@1']:.1%} | "
-                         f"{g['passed']}/{g['episodes']} | {g['mean_reward']:.2f} | {eval_note(r, mode, g)} |")
+    if rows := evaluation_rows(r):
+        lines += ["", "## Evaluation", "", "| " + " | ".join(EVAL_COLUMNS) + " |", "|---" * len(EVAL_COLUMNS) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
     transfer = {m: g["transfer"] for m, g in (r.get("evaluation") or {}).items() if g.get("transfer")}
     if transfer:  # lower is better: the failure each trained capability is about, measured by code
         modes = list(transfer)

@@ -491,6 +491,26 @@ def test_a_router_that_sent_every_task_to_the_base_is_marked_as_the_base():
     assert eval_note({"notes": {}}, "router", mixed) == "routed: lookup 3, base 2"
 
 
+def test_report_and_status_print_the_same_evaluation_cells(capsys, monkeypatch):
+    """report.md and `trace-rl status` share one row builder: the router's routes and the CI in both."""
+    from trace_rl.graph.cli import _print_status, console
+
+    monkeypatch.setattr(console, "width", 250)  # no wrapped cells
+    from trace_rl.graph.report import evaluation_rows, render_markdown
+
+    figures = {"tasks": 5, "trials": 2, "pass@1": 0.4, "ci95": [0.17, 0.69], "passed": 4, "episodes": 10,
+               "mean_reward": 0.41, "routes": {"base": 2, "lookup": 3}}
+    st = {"composition": "c", "results": {"router": figures, "moe": {"skipped": "no adapter"}}}
+    rows = evaluation_rows({"evaluation": st["results"], "notes": {}})
+    assert rows[0] == ["router", "5 × 2", "40.0%", "17%–69%", "4/10", "0.41", "routed: lookup 3, base 2"]
+    assert rows[1][-1] == "not evaluated: no adapter"
+    md = render_markdown({"benchmark": "b", "evaluation": st["results"], "notes": {}})
+    assert "| " + " | ".join(rows[0]) + " |" in md
+    _print_status("run", st)
+    out = capsys.readouterr().out
+    assert "routed: lookup 3, base 2" in out and "17%–69%" in out and "not evaluated: no adapter" in out
+
+
 def test_the_moe_row_carries_what_its_gates_trained_on_unless_they_are_untrained():
     from trace_rl.graph.report import row_notes
 
