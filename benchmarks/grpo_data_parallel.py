@@ -3,7 +3,7 @@
 `CapabilityGRPO` splits the global batch into whole groups per process (trl gathers the rewards
 for the advantages), so 1 and N processes train on the same batches. This script runs it on a
 random-init model of a real architecture (no weights needed) against an in-process toy benchmark
-whose reward varies with sampled text (`trace_rl.evals.letters`), and records per step: reward,
+whose reward varies with sampled text (`tests/letters.py`), and records per step: reward,
 loss, rollout seconds and training seconds. Launch it exactly as a user launches GRPO:
 
     accelerate launch --num_processes 2 benchmarks/grpo_data_parallel.py --config 1.5b --out dp2.json   # 2 GPUs
@@ -14,16 +14,21 @@ loss, rollout seconds and training seconds. Launch it exactly as a user launches
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 from moe_throughput import CONFIGS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the letters toy benchmark lives there
 
 
 def train(args) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
-    from trace_rl.evals.letters import LetterBench
+    from letters import LetterBench
+
     from trace_rl.training.grpo import PRESETS, CapabilityGRPO
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

@@ -2,7 +2,7 @@
 support, like SmolLM2's) and a random Qwen2 of a few thousand parameters. No weights needed."""
 from __future__ import annotations
 
-from trace_rl.evals.letters import LetterBench, LetterEpisode  # noqa: F401  (the tests' toy benchmark)
+from letters import LetterBench, LetterEpisode  # noqa: F401  (the tests' toy benchmark)
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
