@@ -493,9 +493,12 @@ def test_a_router_that_sent_every_task_to_the_base_is_marked_as_the_base():
 
 def test_report_and_status_print_the_same_evaluation_cells(capsys, monkeypatch):
     """report.md and `trace-rl status` share one row builder: the router's routes and the CI in both."""
-    from trace_rl.graph.cli import _print_status, console
+    from rich.console import Console
 
-    monkeypatch.setattr(console, "width", 250)  # no wrapped cells
+    from trace_rl.graph import cli
+    from trace_rl.graph.cli import _print_status
+
+    monkeypatch.setattr(cli, "console", Console(width=250))  # no wrapped cells (and the module's console untouched)
     from trace_rl.graph.report import evaluation_rows, render_markdown
 
     figures = {"tasks": 5, "trials": 2, "pass@1": 0.4, "ci95": [0.17, 0.69], "passed": 4, "episodes": 10,
