@@ -398,14 +398,11 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
     if target:
         from trace_rl.core.llm import LLMConfig
-        from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
+        from trace_rl.evals.benchmark import load_benchmark
 
         offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
-        try:
-            bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
-            ids = [t.id for t in bench.tasks(split)]
-        except BenchmarkError as err:
-            _fail(str(err))
+        bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
+        ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
         rec = train_on_target(bench, ids, Path(out) / "train_target", lambda: load_model(model), settings,
                               log=console.print)
         console.print(f"[bold]grpo_target[/]: {rec.steps} GRPO steps on {len(ids)} {split} tasks; adapter "
