@@ -2,24 +2,23 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Callable, Iterable
+from typing import Iterable
 
 from trace_rl.agents.base_agent import Policy, run_episode
 from trace_rl.core.trajectory import Trajectory, TrajectoryStore
 from trace_rl.evals.benchmark import Benchmark
 
 
-def rollout(benchmark: Benchmark, policy: Policy | Callable[[], Policy], task_ids: Iterable[str],
+def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
             store: TrajectoryStore, trials: int = 1, concurrency: int = 2, split: str = "",
             progress: bool = True, passed_threshold: float | None = None, **chat_kw) -> list[Trajectory]:
     """Run every (task, trial) not already in `store`; returns all trajectories for them.
     `passed_threshold`: an episode passes when its reward reaches it (continuous scores)."""
     jobs = [(tid, k) for tid in task_ids for k in range(trials)]
     todo = [(tid, k) for tid, k in jobs if f"{benchmark.name}/{tid}/{k}" not in store]
-    get_policy = policy if callable(policy) and not hasattr(policy, "chat") else (lambda: policy)
 
     def one(tid: str, k: int) -> Trajectory:
-        traj = run_episode(get_policy(), benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
+        traj = run_episode(policy, benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
                            trial=k, split=split, **chat_kw)
         if passed_threshold is not None:
             traj.passed = traj.reward >= passed_threshold - 1e-9
