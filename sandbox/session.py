@@ -367,13 +367,12 @@ class SubprocessSession(Sandbox):
     at close; an environment stripped to PATH/LANG; `python3 -I -S` (no site-packages, no PYTHON*
     variables) with only the image's files (runner.py, trace_env.py, reward.py, ...) on its path."""
 
-    def __init__(self, limits: SessionLimits = SessionLimits(), python: str | None = None):
+    def __init__(self, limits: SessionLimits = SessionLimits()):
         global _warned
         if not _warned:
             _warned = True
             logging.getLogger(__name__).warning("sandbox backend 'subprocess': environment code runs without "
                                                 "isolation (only for environments verified in Docker)")
-        self.python = python or sys.executable
         self.dir = Path(tempfile.mkdtemp(prefix="trace-rl-env-"))
         self.name = self.dir.name
         self.lib, self.work = self.dir / "lib", self.dir / "work"
@@ -390,7 +389,7 @@ class SubprocessSession(Sandbox):
     def _spawn(self) -> subprocess.Popen:
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": str(self.work), "TMPDIR": str(self.work),
                "TRACE_RL_MAX_REPLY": str(self.limits.max_reply_bytes)}
-        proc = subprocess.Popen([self.python, "-I", "-S", "-B", "-u", "-c", _BOOT, str(self.lib)],
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-u", "-c", _BOOT, str(self.lib)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                 cwd=self.work, env=env, start_new_session=True, close_fds=True)
         # The runner only reads stdin until the first request, so limits set now bind all module code
