@@ -68,7 +68,6 @@ class ToolCall:
 class Reply:
     content: str
     tool_calls: list[ToolCall]
-    finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
@@ -321,7 +320,7 @@ class LLM:
             calls.append(ToolCall(name=tc.function.name, id=tc.id or ToolCall("", {}).id,
                                   arguments={"__malformed__": tc.function.arguments} if arguments is None else arguments))
         usage = resp.usage
-        return Reply(content=choice.message.content or "", tool_calls=calls, finish_reason=choice.finish_reason,
+        return Reply(content=choice.message.content or "", tool_calls=calls,
                      prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
                      completion_tokens=getattr(usage, "completion_tokens", 0) or 0, seconds=dt)
 

@@ -162,9 +162,8 @@ class HFPolicy:
         new = self.batcher.submit(Request(ids, max_tokens or self.max_new_tokens, temp, self.tag(messages, tools)))
         text = self.tokenizer.decode(new, skip_special_tokens=True).strip()
         calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
-        reply = Reply(content="" if calls else text, tool_calls=calls, finish_reason="stop",
-                      prompt_tokens=len(ids), completion_tokens=len(new),
-                      seconds=time.perf_counter() - t0, tool_calls_from_text=bool(calls))
+        reply = Reply(content="" if calls else text, tool_calls=calls, prompt_tokens=len(ids),
+                      completion_tokens=len(new), seconds=time.perf_counter() - t0, tool_calls_from_text=bool(calls))
         with self._usage_lock:
             self.usage.add(reply, 0.0)
         return reply
