@@ -94,17 +94,16 @@ def assistant_labels(tokenizer, messages: list[dict], tools: list[dict] | None =
     return ids, labels
 
 
-def load_model(name_or_path: str, device: str | None = None, dtype=None):
+def load_model(name_or_path: str):
     """(model in eval mode, tokenizer) of an embedded model name, a .gguf or a transformers
-    checkpoint directory. Default device: this process's GPU (`LOCAL_RANK` under torchrun /
-    accelerate, one GPU per process) when CUDA is available, else the CPU; default dtype:
-    bf16 on CUDA, fp32 elsewhere."""
+    checkpoint directory: on this process's GPU (`LOCAL_RANK` under torchrun / accelerate, one GPU
+    per process) in bf16 when CUDA is available, else on the CPU in fp32."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = hf_checkpoint(name_or_path)
-    device = device or (f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path)
 
@@ -117,10 +116,9 @@ class HFPolicy:
     system prompt shared by episodes is computed once. `tag(messages)` picks a conversation's
     routing tag (the composition's adapter slot); policies may share one engine (`engine=`)."""
 
-    def __init__(self, model, tokenizer, name: str, max_new_tokens: int = 256, temperature: float = 0.0,
-                 engine=None, rows: int | None = None, max_len: int = 16384, tag=None):
-        self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+    def __init__(self, model, tokenizer, name: str, max_new_tokens: int = 256, engine=None, rows: int | None = None,
+                 max_len: int = 16384, tag=None):
+        self.model, self.tokenizer, self.name, self.max_new_tokens = model, tokenizer, name, max_new_tokens
         self.usage = Usage()
         self._usage_lock = threading.Lock()
         self.tag = tag or (lambda messages, tools: 0)
@@ -143,8 +141,8 @@ class HFPolicy:
             return self._batcher
 
     @classmethod
-    def load(cls, model: str, adapter: str | None = None, device: str | None = None, dtype=None, **kw) -> "HFPolicy":
-        net, tok = load_model(model, device, dtype)
+    def load(cls, model: str, adapter: str | None = None, **kw) -> "HFPolicy":
+        net, tok = load_model(model)
         if adapter:
             from peft import PeftModel
 
@@ -152,14 +150,14 @@ class HFPolicy:
         name = f"{Path(model).stem}+{Path(adapter).name}" if adapter else Path(model).stem
         return cls(net, tok, name, **kw)
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float | None = None,
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float = 0.0,
              max_tokens: int | None = None, **_) -> Reply:
         from trace_rl.training.engine import Request
 
         ids = encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
-        temp = self.temperature if temperature is None else temperature
         t0 = time.perf_counter()
-        new = self.batcher.submit(Request(ids, max_tokens or self.max_new_tokens, temp, self.tag(messages, tools)))
+        new = self.batcher.submit(Request(ids, max_tokens or self.max_new_tokens, temperature,
+                                          self.tag(messages, tools)))
         text = self.tokenizer.decode(new, skip_special_tokens=True).strip()
         calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
         reply = Reply(content="" if calls else text, tool_calls=calls, prompt_tokens=len(ids),
