@@ -108,7 +108,6 @@ class LlamaServer(ServerProcess):
 
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
-    chat_format: str | None = None  # None: the embedded model's own, else the GGUF template
     lora: str | Path | None = None  # a GGUF LoRA (core.lora_gguf) applied on top of the model
     # flash attention ($TRACE_RL_FLASH_ATTN=1): reads τ²'s 5-10k-token prompts 1.5x as fast on 2 cores, decodes
     # 0.86x as fast (benchmarks/llama_cpu.py); but greedy replies then depend on how a prompt was split between
@@ -126,7 +125,7 @@ class LlamaServer(ServerProcess):
 
     def command(self) -> list[str]:
         path = gguf_path(self.model)
-        chat_format = self.chat_format or (MODELS[self.model].chat_format if self.model in MODELS else None)
+        chat_format = MODELS[self.model].chat_format if self.model in MODELS else None  # None: the GGUF's template
         states = [f"--prompt-states={self.prompt_states}", f"--prompt-state-min-tokens={self.prompt_state_min_tokens}"] \
             if self.prompt_states else []
         return [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), *states, "--model", str(path), "--model_alias",
