@@ -45,7 +45,7 @@ def render_capabilities(item: dict, run_dir: Path) -> str:
             "<button name=action value=decide id=decide>Submit</button></form>")
 
 
-def render_environment(item: dict, run_dir: Path) -> str:
+def render_environment(item: dict) -> str:
     env = EnvRecord.model_validate(item["env"])
     parts = [f"<p>Capability <b>{_e(item['capability']['name'])}</b>: {_e(item['capability']['description'])}</p>",
              f"<p>Status: <b class={'ok' if item.get('verified') else 'bad'}>{_e(env.status)}</b>, source "
@@ -75,7 +75,7 @@ def page(run_dir: Path, message: str = "") -> str:
         body += "<p id=idle>Nothing is waiting for a decision.</p>"
     else:
         body += f"<h2 id=title>{_e(item['title'])}</h2>"
-        body += render_capabilities(item, run_dir) if item["kind"] == "capabilities" else render_environment(item, run_dir)
+        body += render_capabilities(item, run_dir) if item["kind"] == "capabilities" else render_environment(item)
     return (f"<!doctype html><html><head><meta charset=utf-8><title>trace-rl approvals</title><style>{STYLE}</style>"
             f"</head><body><h1>trace-rl: {_e(Path(run_dir).name)}</h1>{body}</body></html>")
 
