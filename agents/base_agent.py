@@ -37,17 +37,14 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
     t0, started = time.perf_counter(), time.time()
     max_steps = max_steps or episode.max_steps
     stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0, completion_tokens=0)
-    error = None  # the reasons of the exception that ended the episode
+    messages, termination, error = [], None, None  # error: the reasons of the exception that ended the episode
     try:
         obs = episode.reset()
-    except Exception as err:  # e.g. the user simulator failed on its first turn
-        with suppress(Exception):
-            episode.close()
-        return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=[],
-                          reward=0.0, passed=False, termination="env_error", reasons=_error(err),
-                          seconds=time.perf_counter() - t0, started_at=started, split=split, **stats)
-    messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
-    termination = obs.reason if obs.done else None
+    except Exception as err:  # e.g. the user simulator failed on its first turn: no messages, nothing to score
+        termination, error = "env_error", _error(err)
+    else:
+        messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
+        termination = obs.reason if obs.done else None
     while termination is None:
         if stats["steps"] >= max_steps:
             termination = "max_steps"
@@ -74,7 +71,7 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         if obs.done:
             termination = obs.reason or "agent_stop"
     try:
-        score = episode.score(termination)
+        score = episode.score(termination) if messages else Score(0.0, False)
     except Exception as err:  # a dead or misbehaving environment cannot score: 0, recorded with its kind
         termination, error = "env_error", error or _error(err)
         score = Score(0.0, False, {"termination": termination, "score_error": _error(err)["error"]})
