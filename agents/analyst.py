@@ -544,7 +544,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     label_cfg = cfg.model_copy(update={"n_runs": 1, "k": 1}) if no_contrast else cfg
     labeller = labeller or llm
     models = list({id(m): m for m in (llm, labeller)}.values())
-    usage0 = [m.usage.as_dict() for m in models]
+    usage0 = [asdict(m.usage) for m in models]
     facts = {t.key: trajectory_facts(t, tools) for t in trajs}
     atomic_write_json(out / "facts.json", facts)
     cand_path = out / "candidates.json"
@@ -565,7 +565,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     if no_contrast:  # Δ = ER⁻ − 0 means nothing without passed ones: the widest failure comes first
         results = sorted((r.model_copy(update={"status": "NO_CONTRAST", "reason": no_contrast}) for r in results),
                          key=lambda r: -r.cov_mean)
-    usage = {k: sum(m.usage.as_dict()[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
+    usage = {k: sum(asdict(m.usage)[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
     pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),

@@ -96,9 +96,6 @@ class Usage:
         self.seconds += reply.seconds
         self.cost_usd += cost
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
 
 class ReplyError(Exception):
     """A model gave no usable answer; `reply` is its last raw answer, kept for the record."""

@@ -329,7 +329,7 @@ def status(run_dir: str = typer.Argument(..., help="a run directory")):
     from trace_rl.graph.approvals import THREAD, pending_item
     from trace_rl.graph.pipeline import compiled
 
-    _, app_ = compiled(Path(run_dir), _saved(run_dir))
+    app_ = compiled(Path(run_dir), _saved(run_dir))
     state = app_.get_state(THREAD)
     _print_status(run_dir, state.values)
     if item := pending_item(run_dir, undecided=True):

@@ -480,16 +480,15 @@ def check_until(until: str | None) -> None:
 
 
 def compiled(run_dir: Path, cfg: RunConfig, log=print, until: str | None = None):
-    """(the Pipeline, its graph compiled with the run directory's checkpoint database; with
-    `until`, a breakpoint before that node)."""
+    """The Pipeline's graph compiled with the run directory's checkpoint database (with `until`, a
+    breakpoint before that node)."""
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    pipe = Pipeline(run_dir, cfg, log)
     records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
     saver = SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False),
                         serde=JsonPlusSerializer(allowed_msgpack_modules=records))
-    return pipe, pipe.graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
+    return Pipeline(run_dir, cfg, log).graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
 
 
 def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
@@ -508,7 +507,7 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     stale = retire_stale_stages(run_dir, cfg, log)
     from langgraph.types import Command
 
-    _, app = compiled(run_dir, cfg, log, until)
+    app = compiled(run_dir, cfg, log, until)
     started = app.get_state(THREAD).values
     stopped = lambda st: {"status": "stopped", "before": until, "state": st.values}  # noqa: E731
     if started and until in app.get_state(THREAD).next and not pending(app):

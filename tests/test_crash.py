@@ -58,7 +58,7 @@ def uninterrupted(tmp_path_factory, sandbox_image):
     from graph_doubles import config
     from trace_rl.graph.pipeline import THREAD, compiled
 
-    _, app = compiled(run, config())
+    app = compiled(run, config())
     return run, time.monotonic() - t0, summary(app.get_state(THREAD).values)
 
 
@@ -80,7 +80,7 @@ def test_random_sigkills_then_resume_match_an_uninterrupted_run(tmp_path, uninte
     from graph_doubles import config
     from trace_rl.graph.pipeline import THREAD, compiled
 
-    _, app = compiled(run, config())
+    app = compiled(run, config())
     got = summary(app.get_state(THREAD).values)
     assert got == ref_summary, differences(got, ref_summary)
     assert stores(run) == stores(ref), differences(stores(run), stores(ref))

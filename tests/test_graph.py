@@ -103,7 +103,7 @@ def test_killed_at_any_node_resumes_to_the_same_end_without_redoing_work(tmp_pat
     assert resumed.returncode == 0 and "STATUS done" in resumed.stdout, resumed.stderr[-3000:]
     from trace_rl.graph.pipeline import THREAD, compiled
 
-    _, app = compiled(tmp_path, config())
+    app = compiled(tmp_path, config())
     assert summary(app.get_state(THREAD).values) == summary(ref_state)
     assert work_done(tmp_path) == work_done(ref_run)  # no episode stored twice, no LLM call paid twice
 

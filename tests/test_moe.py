@@ -1,6 +1,7 @@
 """The MoE composer on a tiny random model of a real architecture (Qwen2)."""
 import pytest
 import torch
+from tiny import routing_fractions
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from trace_rl.training.moe import Adapter, LoRAMoE
@@ -44,7 +45,7 @@ def test_all_gates_at_base_slot_reproduce_base_exactly(setup):
     with torch.no_grad():
         out = moe(input_ids=ids).logits  # bias 5.0 on slot 0: every token starts on the base
     assert torch.equal(out, base_logits)
-    assert moe.routing_fractions()[0] == 1.0
+    assert routing_fractions(moe)[0] == 1.0
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

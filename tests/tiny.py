@@ -49,3 +49,12 @@ def save_tiny(path, seed: int = 0):
     return path
 
 
+
+
+def routing_fractions(moe) -> list[float]:
+    """The share of tokens each slot (0 = base) got in a LoRAMoE's last forward."""
+    import torch.nn.functional as F
+
+    counts = sum(F.one_hot(r.route, len(moe.adapters) + 1).float().flatten(0, -2).sum(0)
+                 for r in moe.routings if r.route is not None)
+    return (counts / counts.sum()).tolist()

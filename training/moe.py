@@ -191,11 +191,6 @@ class LoRAMoE(nn.Module):
             losses.append(n1 * (f * p).sum())
         return torch.stack(losses).mean()
 
-    def routing_fractions(self) -> list[float]:
-        counts = sum(F.one_hot(r.route, len(self.adapters) + 1).float().flatten(0, -2).sum(0)
-                     for r in self.routings if r.route is not None)
-        return (counts / counts.sum()).tolist()
-
     def gate_parameters(self):
         return self.gates.parameters()
 
