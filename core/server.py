@@ -312,7 +312,7 @@ def render_tool_arguments_as_objects() -> None:
     call's `arguments` is a JSON string: Qwen's template (`arguments | tojson`) then showed the model
     its own earlier calls as quoted strings, where transformers (training, the engine) and vLLM give
     objects. Templates get objects here too (core.episode.template_messages): one prompt on every
-    path (and a call the model wrote as `json.dumps` would re-renders as its own tokens, still cached)."""
+    path (and a call the model wrote as `json.dumps` would re-render to its own tokens, still cached)."""
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     original = Jinja2ChatFormatter.__call__
