@@ -226,10 +226,6 @@ def hf_checkpoint(name_or_path: str) -> Path:
 
 def status(full: bool = False) -> list[dict]:
     """One row per embedded model; `full` re-hashes files instead of trusting their stamps."""
-    rows = []
-    for m in MODELS.values():
-        path = models_dir() / m.filename
-        rows.append({"name": m.name, "title": m.title, "size_mb": m.size_mb, "path": str(path),
-                     "present": path.is_file(), "verified": verify(m, full=full),
-                     "hf": (cache_dir() / "hf" / m.name / ".complete").is_file()})
-    return rows
+    return [{"name": m.name, "title": m.title, "size_mb": m.size_mb, "path": str(path := models_dir() / m.filename),
+             "present": path.is_file(), "verified": verify(m, full=full),
+             "hf": (cache_dir() / "hf" / m.name / ".complete").is_file()} for m in MODELS.values()]
