@@ -1,0 +1,87 @@
+"""Stacked projections (training/fuse.py): the same outputs as the separate projections, for a
+plain model, a peft LoRA and the routed MoE; gradients still reach trainable weights."""
+import copy
+
+import pytest
+import torch
+
+from tiny import tiny_model, tiny_tokenizer
+from trace_rl.training.fuse import fuse_projections
+from trace_rl.training.moe import Adapter, LoRAMoE
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(tiny_tokenizer(), seed=3, layers=2, hidden=64)
+
+
+@pytest.fixture
+def ids():
+    return torch.randint(0, 200, (2, 11), generator=torch.Generator().manual_seed(0))
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def random_peft(model, name):
+    from peft import LoraConfig, get_peft_model
+
+    p = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS), adapter_name=name)
+    with torch.no_grad():
+        for n, w in p.named_parameters():
+            if "lora_B" in n:
+                w.normal_(0, 0.5)
+    return p
+
+
+def test_a_stacked_model_gives_the_same_logits_and_keeps_its_state_dict(model, ids):
+    m = copy.deepcopy(model).requires_grad_(False)
+    want, keys = logits(m, ids), set(m.state_dict())
+    assert fuse_projections(m) == 4 and fuse_projections(m) == 0  # 2 layers x (q/k/v, gate/up); once
+    assert torch.equal(logits(m, ids), want)
+    assert set(m.state_dict()) == keys
+    attn = m.model.layers[0].self_attn
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.stack.weight[64:].data_ptr()  # a view, not a copy
+    assert attn.q_proj.stack.x is None  # the last member let go of the parts
+    x = torch.randn(3, 64)  # a member called on its own computes its own product
+    assert torch.allclose(attn.v_proj(x), x @ attn.v_proj.weight.T + attn.v_proj.bias, atol=1e-6)
+
+
+def test_trainable_weights_still_get_their_gradients(model, ids):
+    plain, fused = copy.deepcopy(model), copy.deepcopy(model)
+    fuse_projections(fused)
+    for m in (plain, fused):
+        m(input_ids=ids).logits.square().mean().backward()
+    for name in ("q_proj", "k_proj", "v_proj"):
+        a, b = (getattr(m.model.layers[1].self_attn, name).weight.grad for m in (plain, fused))
+        assert b is not None and torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_peft_lora_adds_its_update_on_top_of_the_stack(model, ids):
+    p = random_peft(model, "a")
+    want = logits(p, ids)
+    assert fuse_projections(p.get_base_model()) == 4
+    assert torch.allclose(logits(p, ids), want, atol=1e-5)
+    assert not torch.allclose(want, logits(model, ids), atol=1e-3)  # the adapter really changes the output
+
+
+def test_the_moes_routed_experts_join_the_stack_and_route_as_before(model, ids):
+    moe = LoRAMoE(copy.deepcopy(model), [Adapter.from_peft(n, random_peft(model, n)) for n in ("a", "b")]).eval()
+    with torch.no_grad():
+        for g in moe.gates:
+            g.proj.weight.normal_(0, 0.5)
+            g.proj.bias.zero_()
+    want = {slot: (moe.force(slot), logits(moe, ids))[1] for slot in (None, 0, 1, 2)}
+    assert fuse_projections(moe.model) == 4
+    assert moe.model.model.layers[0].self_attn.q_proj.base.stack.routing is not None  # experts' A rows stacked
+    compiled = torch.compile(moe, backend="aot_eager", fullgraph=True)  # traceable as one graph
+    for slot, out in want.items():
+        moe.force(slot)
+        assert torch.allclose(logits(moe, ids), out, atol=1e-5), slot
+        assert torch.allclose(logits(compiled, ids), out, atol=1e-5), slot
+    moe.force(None)
+    assert not torch.allclose(want[1], want[2], atol=1e-3)  # the experts differ
