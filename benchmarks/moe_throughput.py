@@ -46,22 +46,25 @@ def peft_with_random_b(base, name: str, std: float = 0.01):
     return m.eval()
 
 
-def models(config: str, dev):
+def models(config: str, dev, wanted=("base", "lora", "moe")):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from trace_rl.training.moe import Adapter, LoRAMoE
 
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[config], max_position_embeddings=4096)).to(dev, torch.bfloat16).eval()
-    unmerged = peft_with_random_b(base, "cap0")
-    adapters = [Adapter.from_peft("cap0", unmerged)] + [Adapter.from_peft(f"cap{i}", peft_with_random_b(base, f"cap{i}"))
-                                                        for i in range(1, 4)]
-    moe = LoRAMoE(copy.deepcopy(base), adapters).eval()
-    with torch.no_grad():  # spread tokens over all experts, as a trained router would
-        for g in moe.gates:
-            g.proj.weight.normal_(0, 0.05)
-            g.proj.bias.zero_()
-    return {"base": base, "lora": unmerged, "moe": moe}  # lora: one unmerged peft adapter; moe: 4 experts
+    nets = {"base": base}
+    if "lora" in wanted or "moe" in wanted:
+        nets["lora"] = peft_with_random_b(base, "cap0")  # one unmerged peft adapter
+    if "moe" in wanted:  # 4 experts
+        adapters = [Adapter.from_peft("cap0", nets["lora"])] + [
+            Adapter.from_peft(f"cap{i}", peft_with_random_b(base, f"cap{i}")) for i in range(1, 4)]
+        nets["moe"] = moe = LoRAMoE(copy.deepcopy(base), adapters).eval()
+        with torch.no_grad():  # spread tokens over all experts, as a trained router would
+            for g in moe.gates:
+                g.proj.weight.normal_(0, 0.05)
+                g.proj.bias.zero_()
+    return nets
 
 
 def hf_generate(model, ids, new):
@@ -86,8 +89,8 @@ def main():
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    nets = models(args.config, dev)
     wanted = args.variants.split(",")
+    nets = models(args.config, dev, wanted)
     modes = args.modes.split(",")
     rows, setup = [], {}
     g = torch.Generator().manual_seed(1)
