@@ -85,3 +85,16 @@ def test_the_moes_routed_experts_join_the_stack_and_route_as_before(model, ids):
         assert torch.allclose(logits(compiled, ids), out, atol=1e-5), slot
     moe.force(None)
     assert not torch.allclose(want[1], want[2], atol=1e-3)  # the experts differ
+
+
+def test_a_replaced_weight_is_stacked_again_on_the_next_call(model, ids):
+    m = copy.deepcopy(model).requires_grad_(False)
+    fuse_projections(m)
+    attn = m.model.layers[1].self_attn
+    stacked = attn.q_proj.stack.weight
+    attn.k_proj.weight.data = torch.randn_like(attn.k_proj.weight)  # what a reload or an unsafe merge does
+    plain = copy.deepcopy(model)
+    plain.model.layers[1].self_attn.k_proj.weight.data = attn.k_proj.weight.data.clone()
+    assert fuse_projections(m) == 0
+    assert attn.q_proj.stack.weight is stacked  # same address: a captured graph sees the new values
+    assert torch.allclose(logits(m, ids), logits(plain, ids), atol=1e-5)

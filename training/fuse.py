@@ -17,6 +17,8 @@ While gradients are being recorded for a trainable member, every member computes
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,15 +48,33 @@ class _Stack:
             self.bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(n)
                                    for lin, n in zip(self.linears, self.sizes)])
             self.bias = F.pad(self.bias, (0, self.weight.shape[0] - self.bias.shape[0]))
-        with torch.no_grad():
-            for w, view in zip(rows, self.weight.split([w.shape[0] for w in rows])):
-                w.data = view
-            for lin, b in zip(self.linears, self.bias[:sum(self.sizes)].split(self.sizes) if self.bias is not None else ()):
-                if lin.bias is not None:
-                    lin.bias.data = b
         if self.routing:  # [sum of outputs, members * experts * rank]: member i's B on its own block
             self.up = torch.block_diag(*[m.B_cat for m in modules])
         self.x, self.parts = None, ()
+        self.refresh()
+
+    def _views(self):
+        """(member tensor, its slice of the stack) for every stacked weight, bias and expert."""
+        rows = [lin.weight for lin in self.linears] + ([m.A_cat for m in self.modules] if self.routing else [])
+        pairs = list(zip(rows, self.weight.split([w.shape[0] for w in rows])))
+        if self.bias is not None:
+            pairs += [(lin.bias, b) for lin, b in zip(self.linears, self.bias[:sum(self.sizes)].split(self.sizes))
+                      if lin.bias is not None]
+        if self.routing:  # member i's B: its block of the block-diagonal up-projection
+            k = self.modules[0].B_cat.shape[1]
+            pairs += [(m.B_cat, self.up[a:a + n, i * k:(i + 1) * k])
+                      for i, (m, a, n) in enumerate(zip(self.modules, [0, *itertools.accumulate(self.sizes)], self.sizes))]
+        return pairs
+
+    def refresh(self) -> None:
+        """Make every member's tensor a view of the stack again, keeping its current values (a
+        member's `.data` may have been replaced: a reload, a merge). The stack keeps its address,
+        so a captured CUDA graph reads the new values."""
+        with torch.no_grad():
+            for t, view in self._views():
+                if t.data_ptr() != view.data_ptr():
+                    view.copy_(t)
+                    t.data = view
 
     def member(self, i: int):
         own, last = self.modules[i] if self.routing else self.linears[i], i == len(self.modules) - 1
@@ -95,7 +115,12 @@ def fuse_projections(model) -> int:
         for names in GROUPS:
             modules = [getattr(block, n, None) for n in names]
             linears = [_linear(m) for m in modules]
-            if any(lin is None or hasattr(lin, "stack") for lin in linears):
+            if any(lin is None for lin in linears):
+                continue
+            if all(hasattr(lin, "stack") for lin in linears):  # stacked before: re-link replaced tensors
+                linears[0].stack.refresh()
+                continue
+            if any(hasattr(lin, "stack") for lin in linears):
                 continue
             if len({(lin.in_features, lin.weight.dtype, lin.weight.device) for lin in linears}) != 1:
                 continue
