@@ -285,3 +285,13 @@ def test_a_token_the_matcher_refuses_ends_the_row_before_it_is_fed(model, tok):
     assert len(out) == 2 and eng.state[0].tokens == ids + out and int(eng.n_real[0]) == len(ids) + 2
     follow = ids + out + encode(tok, "<|im_end|>\n<|im_start|>user\nOslo<|im_end|>\n<|im_start|>assistant\n")
     assert_greedy(model, follow, eng.generate([Request(follow, 6)])[0])
+
+
+def test_the_two_stage_argmax_is_the_argmax():
+    from trace_rl.training.engine import _argmax
+
+    g = torch.Generator().manual_seed(0)
+    for v in (151936, 1000, 130, 7):  # divisible by the chunks, not, fewer than them
+        x = torch.randn(3, v, generator=g)
+        x[1, v - 1] = 1e4  # the last column, the padded chunk's
+        assert torch.equal(_argmax(x), x.argmax(-1)), v
