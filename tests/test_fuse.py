@@ -61,12 +61,17 @@ def test_trainable_weights_still_get_their_gradients(model, ids):
         assert b is not None and torch.allclose(a, b, atol=1e-6)
 
 
-def test_a_peft_lora_adds_its_update_on_top_of_the_stack(model, ids):
+def test_a_peft_lora_adds_its_update_on_top_of_the_stack_and_trains_as_before(model, ids):
     p = random_peft(model, "a")
+    plain = copy.deepcopy(p)
     want = logits(p, ids)
     assert fuse_projections(p.get_base_model()) == 4
     assert torch.allclose(logits(p, ids), want, atol=1e-5)
     assert not torch.allclose(want, logits(model, ids), atol=1e-3)  # the adapter really changes the output
+    for m in (plain, p):  # GRPO's case: the base frozen by peft (its product stacked), the adapter trained
+        m(input_ids=ids).logits.square().mean().backward()
+    grads = [{n: w.grad for n, w in m.named_parameters() if "lora_A" in n} for m in (plain, p)]
+    assert len(grads[0]) == 8 and all(torch.allclose(grads[0][n], g, atol=1e-6) for n, g in grads[1].items())
 
 
 def test_the_moes_routed_experts_join_the_stack_and_route_as_before(model, ids):

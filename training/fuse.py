@@ -108,8 +108,8 @@ class _Stack:
 
 
 def fuse_projections(model) -> int:
-    """Stack q/k/v and gate/up in every block of `model` that has them (in place, once); returns
-    the number of groups stacked."""
+    """Stack q/k/v and gate/up in every block of `model` that has them (in place); returns the
+    number of groups newly stacked. Called again, it re-links tensors replaced since (`refresh`)."""
     done = 0
     for block in model.modules():
         for names in GROUPS:
