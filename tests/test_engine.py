@@ -130,13 +130,13 @@ def test_a_longer_request_grows_the_cache_and_one_beyond_the_model_is_refused(mo
         eng.generate([Request([5] * 4090, 10)])
 
 
-def _moe(model, tok):
+def _moe(model, tok, targets=("q_proj", "v_proj")):
     import copy
 
     from trace_rl.training.moe import Adapter, LoRAMoE
 
     base = copy.deepcopy(model)
-    names = [n for n, m in base.named_modules() if n.endswith(("q_proj", "v_proj"))]
+    names = [n for n, m in base.named_modules() if n.endswith(targets)]
     g = torch.Generator().manual_seed(1)
     adapters = []
     for k in range(2):
@@ -153,8 +153,10 @@ def _moe(model, tok):
     return moe
 
 
-def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok):
-    moe = _moe(model, tok)
+@pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")],
+                         ids=["base-stacked", "experts-stacked"])  # with k: the experts join the q/k/v stack
+def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok, targets):
+    moe = _moe(model, tok, targets)
     reqs = [Request(prompt(tok, t), 8) for t in ["Paris", "a b c d", "0 1 2 3 4 5"]]
     eager = Engine(moe, tok, rows=3, max_len=256, compile="eager").generate(reqs)
     for r, o in zip(reqs, eager):
@@ -163,6 +165,8 @@ def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok):
     assert fractions[0] < 0.99  # the adapters were really used
     compiled = Engine(moe, tok, rows=3, max_len=256, compile="inductor").generate(reqs)
     assert compiled == eager
+    stack = moe.model.model.layers[0].self_attn.q_proj.base.stack  # the compiled engine stacked the projections
+    assert (stack.routing is not None) == ("k_proj" in targets)
 
 
 def test_an_evaluations_modes_on_one_warm_engine_each_get_their_own_routing(model, tok):
