@@ -76,10 +76,10 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, drop
     hkv = key.shape[1]
     if t == 1 and hq != hkv:
         q = query.reshape(b, hkv, hq // hkv, d)  # query heads j*n .. j*n+n-1 share key/value head j
-        if torch.compiler.is_compiling():  # written out, inductor fuses mask and softmax: 443 vs 406 tok/s
-            w = (q @ key.transpose(-1, -2)).float() * (scaling or d ** -0.5)  # (1.5B, batch 1, H100)
+        if torch.compiler.is_compiling():  # written out, inductor fuses it with its neighbours: 443 against
+            w = (q @ key.transpose(-1, -2)).float() * (scaling or d ** -0.5)  # 406 tok/s (1.5B, batch 1, H100)
             out = w.masked_fill(~attention_mask, float("-inf")).softmax(-1).to(value.dtype) @ value
-        else:  # one fused kernel (in a CUDA graph as fast as the written-out form, and less memory)
+        else:  # one kernel; in a CUDA graph as fast as the written-out form (243 against 242 tok/s)
             out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
         return out.reshape(b, hq, 1, d).transpose(1, 2), None
     if hq != hkv:
