@@ -41,8 +41,7 @@ class _Stack:
         self.sizes = [lin.out_features for lin in self.linears]
         routed = {id(m.routing) for m in modules if hasattr(m, "A_cat")}
         self.routing = modules[0].routing if len(routed) == 1 and all(hasattr(m, "A_cat") for m in modules) else None
-        rows = [lin.weight for lin in self.linears] + ([m.A_cat for m in modules] if self.routing else [])
-        self.weight = torch.cat([w.detach() for w in rows])
+        self.weight = torch.cat([w.detach() for w in self._rows()])
         self.bias = None
         if any(lin.bias is not None for lin in self.linears):
             self.bias = torch.cat([lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(n)
@@ -53,9 +52,13 @@ class _Stack:
         self.x, self.parts = None, ()
         self.refresh()
 
+    def _rows(self) -> list[torch.Tensor]:
+        """The tensors stacked into `weight`, in order: each member's weight, then its experts' A rows."""
+        return [lin.weight for lin in self.linears] + ([m.A_cat for m in self.modules] if self.routing else [])
+
     def _views(self):
         """(member tensor, its slice of the stack) for every stacked weight, bias and expert."""
-        rows = [lin.weight for lin in self.linears] + ([m.A_cat for m in self.modules] if self.routing else [])
+        rows = self._rows()
         pairs = list(zip(rows, self.weight.split([w.shape[0] for w in rows])))
         if self.bias is not None:
             pairs += [(lin.bias, b) for lin, b in zip(self.linears, self.bias[:sum(self.sizes)].split(self.sizes))
