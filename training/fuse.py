@@ -80,20 +80,21 @@ class _Stack:
                     t.data = view
 
     def member(self, i: int):
-        own, last = self.modules[i] if self.routing else self.linears[i], i == len(self.modules) - 1
-        original = own.forward
+        original = (self.modules[i] if self.routing else self.linears[i]).forward  # the member's own product
+        last = i == len(self.modules) - 1
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if i == 0 and not (torch.is_grad_enabled() and any(p.requires_grad for p in self.weights())):
+            if i == 0:
+                if torch.is_grad_enabled() and any(p.requires_grad for p in self.weights()):
+                    return original(x)
                 self.x, self.parts = x, self._product(x).split(self.sizes, -1)
-            elif i > 0 and x is self.x:
-                part = self.parts[i]
-                if last:
-                    self.x, self.parts = None, ()
-                return part
-            else:
+                return self.parts[0]
+            if x is not self.x:
                 return original(x)
-            return self.parts[0]
+            part = self.parts[i]
+            if last:
+                self.x, self.parts = None, ()
+            return part
         return forward
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
