@@ -49,8 +49,6 @@ def save_tiny(path, seed: int = 0):
     return path
 
 
-
-
 def routing_fractions(moe) -> list[float]:
     """The share of tokens each slot (0 = base) got in a LoRAMoE's last forward."""
     import torch.nn.functional as F

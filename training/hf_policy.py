@@ -102,8 +102,9 @@ def load_model(name_or_path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = hf_checkpoint(name_or_path)
-    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    cuda = torch.cuda.is_available()
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu"
+    dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path)
 
