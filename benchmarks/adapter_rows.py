@@ -42,13 +42,13 @@ def random_adapter(out: Path) -> Path:
 
 
 def arm(policy, bench, ids: list[str], max_steps: int) -> dict:
-    t0, trajs, firsts = time.perf_counter(), [], []
+    t0, trajs, seconds = time.perf_counter(), [], []
     for tid in ids:
         t = time.perf_counter()
         trajs.append(run_episode(policy, bench.episode(tid), task_id=tid, benchmark=bench.name, max_steps=max_steps))
-        firsts.append(time.perf_counter() - t)
+        seconds.append(time.perf_counter() - t)
     wall = time.perf_counter() - t0
-    return {"episodes": len(ids), "wall_s": wall, "episode_s": firsts, "episodes_per_min": 60 * len(ids) / wall,
+    return {"episodes": len(ids), "wall_s": wall, "episode_s": seconds, "episodes_per_min": 60 * len(ids) / wall,
             "prompt_tokens": policy.usage.prompt_tokens, "completion_tokens": policy.usage.completion_tokens,
             "passed": sum(t.passed for t in trajs), "tool_calls": sum(t.tool_calls for t in trajs)}
 
