@@ -11,19 +11,35 @@ compute their own otherwise. The members' weights become views of the stacked we
 is copied, the state dict is unchanged and an in-place update of a member reaches the stack. A
 peft LoRA around a member still adds its update on top. The MoE's routed LoRA (training/moe.py)
 joins the stack: its experts' A rows are stacked under the weights (one GEMM for the base and
-every expert's down-projection) and their B blocks form one block-diagonal up-projection.
+every expert's down-projection) and their B blocks form one block-diagonal up-projection; a
+routed projection in no group (o_proj) is stacked on its own, with its experts' A rows.
 While gradients are being recorded for a trainable member, every member computes its own product
 (through the stack, its parameter would get no gradient).
 """
 from __future__ import annotations
 
 import itertools
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+SUM_ROWS = int(os.environ.get("TRACE_RL_SUM_ROWS", "8"))  # TEMP knob for the measurement
+
+
+def small_matmul(a: torch.Tensor, w: torch.Tensor, plus: torch.Tensor | None = None) -> torch.Tensor:
+    """`plus + a @ w.T` for a thin product (a gate, a LoRA's up-projection), in one operation.
+    While compiling for a few rows it is written as a multiply and a sum: inductor fuses that with
+    its producers (the routing mask) and `plus` into one kernel, where a GEMM would be a launch of
+    its own, and at batch 1 a launch costs more than the product."""
+    if torch.compiler.is_compiling() and a.numel() // a.shape[-1] <= SUM_ROWS:
+        out = (a.unsqueeze(-2).float() * w.float()).sum(-1)
+        return (out if plus is None else out + plus).to(a.dtype if plus is None else plus.dtype)
+    if plus is None or plus.dim() == 1:
+        return F.linear(a, w, plus)
+    return torch.addmm(plus.flatten(0, -2), a.flatten(0, -2), w.T).view(plus.shape)
 
 
 def _linear(module) -> nn.Linear | None:
@@ -87,8 +103,10 @@ class _Stack:
             if i == 0:
                 if torch.is_grad_enabled() and any(p.requires_grad for p in self.weights()):
                     return original(x)
-                self.x, self.parts = x, self._product(x).split(self.sizes, -1)
-                return self.parts[0]
+                parts = self._product(x).split(self.sizes, -1)
+                if not last:
+                    self.x, self.parts = x, parts
+                return parts[0]
             if x is not self.x:
                 return original(x)
             part = self.parts[i]
@@ -105,7 +123,7 @@ class _Stack:
         y, down = y[..., :n], y[..., n:]
         if self.routing.mask is None:
             return y
-        return y + (down * self.routing.mask.to(x.dtype).repeat(*[1] * (x.dim() - 1), len(self.modules))) @ self.up.T
+        return small_matmul(self.routing.weigh(down), self.up, plus=y)
 
     def weights(self):
         return [p for lin in self.linears for p in lin.parameters()]
@@ -133,4 +151,14 @@ def fuse_projections(model) -> int:
                 lin.stack = stack
                 (modules[i] if stack.routing else lin).forward = stack.member(i)
             done += 1
+    for m in list(model.modules()):  # a routed LoRA in no group (o_proj): its experts' A rows join its own weight
+        if not hasattr(m, "A_cat"):
+            continue
+        if hasattr(m.base, "stack"):
+            if m.base.stack.modules == [m]:
+                m.base.stack.refresh()
+            continue
+        m.base.stack = _Stack([m])
+        m.forward = m.base.stack.member(0)
+        done += 1
     return done

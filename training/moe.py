@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trace_rl.core.io import atomic_write, atomic_write_json
+from trace_rl.training.fuse import small_matmul
 
 BASE_BIAS = 5.0
 
@@ -68,8 +69,14 @@ class Routing:
     route: torch.Tensor | None = None  # [batch, seq] long, 0 = base
     probs: torch.Tensor | None = None  # [batch, seq, 1 + n]
     force: int | None = None  # force every token to one slot (tests, the router's scoring)
-    rows: torch.Tensor | None = None  # [batch] slot per row, -1 = the gates decide (set by the engine)
-    mask: torch.Tensor | None = None  # [batch, seq, n * r]: g on the chosen expert's rank slots
+    row_bias: torch.Tensor | None = None  # [batch, 1 + n] added to the gate's logits (set by `LoRAMoE.route_rows`)
+    mask: torch.Tensor | None = None  # [batch, seq, n]: g on the chosen adapter, 0 on the others
+
+    def weigh(self, down: torch.Tensor) -> torch.Tensor:
+        """`down` ([..., m * n * rank]: the down-projections of m projections' n experts) with each
+        expert's rank slots scaled by its mask value; broadcast, so the mask is never repeated."""
+        n = self.mask.shape[-1]
+        return (down.unflatten(-1, (-1, n, self.rank)) * self.mask.to(down.dtype)[..., None, :, None]).flatten(-3)
 
 
 class RoutedLoRALinear(nn.Module):
@@ -87,7 +94,7 @@ class RoutedLoRALinear(nn.Module):
         if self.routing.mask is None:
             return y
         # no data-dependent branch (a .any() here would sync GPU->CPU 4x per layer per token)
-        return y + ((x @ self.A_cat.T) * self.routing.mask.to(x.dtype)) @ self.B_cat.T
+        return small_matmul(self.routing.weigh(x @ self.A_cat.T), self.B_cat, plus=y)
 
 
 class LayerGate(nn.Module):
@@ -99,32 +106,31 @@ class LayerGate(nn.Module):
             self.proj.bias.zero_()
             self.proj.bias[0] = BASE_BIAS
         self.routing = routing
+        self.register_buffer("adapter_slots", torch.arange(1, 1 + n), persistent=False)
 
     def decide(self, layer, args, kwargs) -> None:
-        """The decoder layer's forward pre-hook: route the tokens of its input."""
+        """The decoder layer's forward pre-hook: route the tokens of its input.
+
+        Few operations on purpose: at batch 1 each is a kernel launch, and they run in every layer."""
         hidden = args[0] if args else kwargs["hidden_states"]
-        logits = self.proj(hidden.to(self.proj.weight.dtype))
+        logits = small_matmul(hidden.to(self.proj.weight.dtype), self.proj.weight, plus=self.proj.bias)
+        if self.routing.row_bias is not None:
+            logits = logits + self.routing.row_bias.view(-1, *[1] * (logits.dim() - 2), logits.shape[-1])
         probs = logits.softmax(-1)
-        route = probs.argmax(-1)
-        gate = probs.gather(-1, route.unsqueeze(-1)).squeeze(-1).to(hidden.dtype)  # multiplicative gating
+        gate, route = probs.max(-1)  # multiplicative gating by the chosen slot's probability
         if self.routing.force is not None:
             route = torch.full_like(route, self.routing.force)
             gate = torch.ones_like(gate)
-        elif self.routing.rows is not None:  # per row: a fixed slot, or (-1) the gate's choice
-            want = self.routing.rows.view(-1, *[1] * (route.dim() - 1)).expand_as(route)
-            route = torch.where(want >= 0, want, route)
-            gate = torch.where(want >= 0, torch.ones_like(gate), gate)
         self.routing.route, self.routing.probs = route, probs
         # one-hot by comparison (no host sync: the step may be replayed as a CUDA graph)
-        slots = torch.arange(logits.shape[-1], device=route.device)
-        sel = (route.unsqueeze(-1) == slots)[..., 1:].to(gate.dtype) * gate.unsqueeze(-1)  # [b, s, n]
+        sel = gate.to(hidden.dtype).unsqueeze(-1) * (route.unsqueeze(-1) == self.adapter_slots)  # [b, s, n]
         if torch.is_grad_enabled() and self.routing.force is None:
             # Straight-through: the forward value stays hard top-1 (exactly what inference runs),
             # the gradient is the dense mixture's, Σ_k p_k B_k A_k x. With hard top-1 alone, tokens
             # on slot 0 (where every token starts, bias 5.0) would give the gates no gradient.
-            soft = probs[..., 1:].to(gate.dtype)
+            soft = probs[..., 1:].to(sel.dtype)
             sel = sel.detach() + soft - soft.detach()
-        self.routing.mask = sel.repeat_interleave(self.routing.rank, dim=-1)  # shared by the layer's Linears
+        self.routing.mask = sel  # shared by the layer's Linears
 
 
 def _decoder_layers(model) -> nn.ModuleList:
@@ -174,9 +180,15 @@ class LoRAMoE(nn.Module):
 
     def route_rows(self, slots: torch.Tensor | None) -> None:
         """Per batch row: slot k (0 = base), or -1 for the learned gates; None: per-row routing off.
-        The engine sets it around each forward of a batch that mixes modes (router, moe, ...)."""
+        The engine sets it around each forward of a batch that mixes modes (router, moe, ...).
+        A fixed row's other slots get -inf on their gate logits, so its slot's probability, the g
+        it is weighted by, is exactly 1: one add per layer, computed here once per forward."""
+        bias = None
+        if slots is not None:
+            others = torch.arange(1 + len(self.adapters), device=slots.device) != slots[:, None]
+            bias = torch.zeros(others.shape, device=slots.device).masked_fill(others & (slots[:, None] >= 0), -torch.inf)
         for r in self.routings:
-            r.rows = slots
+            r.row_bias = bias
 
     def forward(self, *args, **kwargs):
         return self.model(*args, **kwargs)
