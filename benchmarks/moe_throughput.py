@@ -125,21 +125,21 @@ def main():
                     dt = time.perf_counter() - t0
                     if dt < best.get(key, float("inf")):
                         best[key], toks[key] = dt, n
-            for (name, mode), dt in best.items():
-                rows.append({"batch": b, "variant": name, "mode": mode, "seconds": dt, "tokens": toks[(name, mode)],
-                             "tokens_per_s": toks[(name, mode)] / dt, "setup_s": setup.get((b, name, mode), 0.0)})
-    device = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
-    print(f"\nQwen2.5-{args.config} config, random init, bf16, prompt {args.prompt}, {args.new_tokens} new tokens, {device}")
-    print(f"{'batch':>5} {'variant':<8} {'mode':<9} {'tok/s':>9} {'time vs base, same mode':>24} {'setup s':>8}")
-    for r in rows:
-        ref = next(x for x in rows if x["batch"] == r["batch"] and x["variant"] == "base" and x["mode"] == r["mode"]) \
-            if any(x["variant"] == "base" for x in rows) else r
-        r["vs_base"] = r["seconds"] / ref["seconds"]
-        print(f"{r['batch']:>5} {r['variant']:<8} {r['mode']:<9} {r['tokens_per_s']:>9.1f} {r['vs_base']:>23.2f}x "
-              f"{r['setup_s']:>8.1f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": device, "config": args.config, "rows": rows}, f, indent=2)
+            device = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
+            if not rows:
+                print(f"\nQwen2.5-{args.config} config, random init, bf16, prompt {args.prompt}, "
+                      f"{args.new_tokens} new tokens, {device}")
+                print(f"{'batch':>5} {'variant':<8} {'mode':<9} {'tok/s':>9} {'time vs base, same mode':>24} {'setup s':>8}")
+            done = [{"batch": b, "variant": name, "mode": mode, "seconds": dt, "tokens": toks[(name, mode)],
+                     "tokens_per_s": toks[(name, mode)] / dt, "setup_s": setup.get((b, name, mode), 0.0),
+                     "vs_base": dt / best.get(("base", mode), dt)} for (name, mode), dt in best.items()]
+            for r in done:  # printed and saved batch by batch: a run cut short keeps what it finished
+                print(f"{b:>5} {r['variant']:<8} {r['mode']:<9} {r['tokens_per_s']:>9.1f} {r['vs_base']:>23.2f}x "
+                      f"{r['setup_s']:>8.1f}", flush=True)
+            rows += done
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"device": device, "config": args.config, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
