@@ -83,9 +83,15 @@ def main():
     ap.add_argument("--modes", default="eager-hf,graph,inductor", help="eager-hf (HF generate), eager, graph, inductor")
     ap.add_argument("--variants", default="base,lora,moe", help="base, lora (unmerged peft), moe (4 experts)")
     ap.add_argument("--rounds", type=int, default=3, help="round-robin repeats; the best time counts")
+    ap.add_argument("--sum-rows", type=int, default=None,
+                    help="training.fuse.SUM_ROWS: up to how many rows a compiled thin product is a multiply-sum")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from trace_rl.training import fuse
     from trace_rl.training.engine import Engine, Request
+
+    if args.sum_rows is not None:
+        fuse.SUM_ROWS = args.sum_rows
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

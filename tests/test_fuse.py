@@ -109,3 +109,25 @@ def test_a_replaced_weight_is_stacked_again_on_the_next_call(model, ids):
     assert fuse_projections(m) == 0
     assert attn.q_proj.stack.weight is stacked  # same address: a captured graph sees the new values
     assert torch.allclose(logits(m, ids), logits(plain, ids), atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_a_thin_product_is_the_same_written_as_a_sum_while_compiling(rows):
+    """small_matmul: a multiply-sum for <= SUM_ROWS rows under compilation, addmm/linear otherwise;
+    both are `plus + a @ w.T`, with a 1-D plus (a bias) or a full one (the residual)."""
+    from trace_rl.training.fuse import SUM_ROWS, small_matmul
+
+    torch.compiler.reset()  # a fresh compile per case (one code object, several shapes)
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(1, rows, 12, generator=g), torch.randn(5, 12, generator=g)
+    for plus in (None, torch.randn(5, generator=g), torch.randn(1, rows, 5, generator=g)):
+        want = a @ w.T + (0 if plus is None else plus)
+        assert torch.allclose(small_matmul(a, w, plus), want, atol=1e-5)
+        traced = []
+
+        def record(gm, inputs):  # a backend that keeps what was traced and runs it as it is
+            traced.extend(str(n.target) for n in gm.graph.nodes)
+            return gm.forward
+        out = torch.compile(small_matmul, backend=record, fullgraph=True)(a, w, plus)
+        assert torch.allclose(out, want, atol=1e-5)
+        assert ("sum" in traced) == (rows <= SUM_ROWS), traced

@@ -19,14 +19,13 @@ While gradients are being recorded for a trainable member, every member computes
 from __future__ import annotations
 
 import itertools
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-SUM_ROWS = int(os.environ.get("TRACE_RL_SUM_ROWS", "8"))  # TEMP knob for the measurement
+SUM_ROWS = 8  # up to this many rows a thin product is a multiply-sum while compiling (small_matmul)
 
 
 def small_matmul(a: torch.Tensor, w: torch.Tensor, plus: torch.Tensor | None = None) -> torch.Tensor:
