@@ -128,36 +128,38 @@ class _Stack:
         return [p for lin in self.linears for p in lin.parameters()]
 
 
-def fuse_projections(model) -> int:
-    """Stack q/k/v and gate/up in every block of `model` that has them (in place); returns the
-    number of groups newly stacked. Called again, it re-links tensors replaced since (`refresh`)."""
-    done = 0
+def _groups(model):
+    """The modules to stack together: q/k/v and gate/up of every block; then, on its own, each
+    routed LoRA no group took (o_proj), so its experts' A rows join its own weight. Lazy: the
+    second part is read after the first was stacked."""
     for block in model.modules():
         for names in GROUPS:
-            modules = [getattr(block, n, None) for n in names]
-            linears = [_linear(m) for m in modules]
-            if any(lin is None for lin in linears):
-                continue
-            if all(hasattr(lin, "stack") for lin in linears):  # stacked before: re-link replaced tensors
-                linears[0].stack.refresh()
-                continue
-            if any(hasattr(lin, "stack") for lin in linears):
-                continue
-            if len({(lin.in_features, lin.weight.dtype, lin.weight.device) for lin in linears}) != 1:
-                continue
-            stack = _Stack(modules)
-            for i, lin in enumerate(linears):
-                lin.stack = stack
-                (modules[i] if stack.routing else lin).forward = stack.member(i)
-            done += 1
-    for m in list(model.modules()):  # a routed LoRA in no group (o_proj): its experts' A rows join its own weight
-        if not hasattr(m, "A_cat"):
+            yield [getattr(block, n, None) for n in names]
+    for m in list(model.modules()):
+        if hasattr(m, "A_cat"):
+            stack = getattr(m.base, "stack", None)
+            if stack is None or stack.modules == [m]:  # not in a group's stack
+                yield [m]
+
+
+def fuse_projections(model) -> int:
+    """Stack q/k/v and gate/up in every block of `model` that has them, and each routed LoRA in no
+    group on its own (in place); returns the number of groups newly stacked. Called again, it re-links tensors replaced since (`refresh`)."""
+    done = 0
+    for modules in _groups(model):
+        linears = [_linear(m) for m in modules]
+        if any(lin is None for lin in linears):
             continue
-        if hasattr(m.base, "stack"):
-            if m.base.stack.modules == [m]:
-                m.base.stack.refresh()
+        if all(hasattr(lin, "stack") for lin in linears):  # stacked before: re-link replaced tensors
+            linears[0].stack.refresh()
             continue
-        m.base.stack = _Stack([m])
-        m.forward = m.base.stack.member(0)
+        if any(hasattr(lin, "stack") for lin in linears):
+            continue
+        if len({(lin.in_features, lin.weight.dtype, lin.weight.device) for lin in linears}) != 1:
+            continue
+        stack = _Stack(modules)
+        for i, lin in enumerate(linears):
+            lin.stack = stack
+            (modules[i] if stack.routing else lin).forward = stack.member(i)
         done += 1
     return done
