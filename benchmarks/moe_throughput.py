@@ -95,6 +95,7 @@ def main():
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    device = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
     wanted = args.variants.split(",")
     nets = models(args.config, dev, wanted)
     modes = args.modes.split(",")
@@ -131,7 +132,6 @@ def main():
                     dt = time.perf_counter() - t0
                     if dt < best.get(key, float("inf")):
                         best[key], toks[key] = dt, n
-            device = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
             if not rows:
                 print(f"\nQwen2.5-{args.config} config, random init, bf16, prompt {args.prompt}, "
                       f"{args.new_tokens} new tokens, {device}")
