@@ -5,12 +5,13 @@ launches in the code inductor generates for the engine's decode step (fused kern
 fallbacks), on CUDA if there is one, else on the CPU (C++ kernels; GPU fusion may differ). Both
 count the base model and the 4-expert MoE, and print the MoE's extra operations per layer.
 
-    python benchmarks/decode_ops.py [--config tiny|0.5b|1.5b] [--compiled] [--layers N]
+    python benchmarks/decode_ops.py [--config tiny|0.5b|1.5b] [--compiled [--save-code DIR]] [--layers N]
     (run from benchmarks/ or with it on PYTHONPATH)
 """
 import argparse
 import collections
 import re
+from pathlib import Path
 
 import torch
 from moe_throughput import CONFIGS, Tok, models
@@ -47,8 +48,9 @@ def eager_ops(name: str, net) -> collections.Counter:
     return c.ops
 
 
-def compiled_launches(name: str, net) -> collections.Counter:
-    """Launches in the inductor code of the engine's decode step (prefill stays eager)."""
+def compiled_launches(name: str, net, save: str | None = None) -> collections.Counter:
+    """Launches in the inductor code of the engine's decode step (prefill stays eager); the code
+    goes to `save`/<name>_<i>.py if given."""
     from torch._inductor.utils import run_and_get_code
 
     from trace_rl.training.engine import Engine, Request
@@ -58,7 +60,10 @@ def compiled_launches(name: str, net) -> collections.Counter:
     with torch.no_grad():
         _, codes = run_and_get_code(eng.generate, [Request(list(range(1000, 1016)), 4, 0.0, tag=-1)])
     launches = collections.Counter()
-    for code in codes:
+    for i, code in enumerate(codes):
+        if save:
+            Path(save).mkdir(parents=True, exist_ok=True)
+            (Path(save) / f"{name}_{i}.py").write_text(code)
         body = re.split(r"def get_args\(|\nrunner = Runner", code.split("def call(", 1)[-1])[0]
         for m in LAUNCH.finditer(body):
             triton, cpp, gemm, aten = m.groups()
@@ -71,12 +76,14 @@ def main():
     ap.add_argument("--config", default="tiny")
     ap.add_argument("--compiled", action="store_true", help="count inductor's launches instead of eager operations")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (fewer compile faster; counts are per layer)")
+    ap.add_argument("--save-code", default=None, help="with --compiled: write inductor's code to this folder")
     args = ap.parse_args()
     if args.layers:
         CONFIGS[args.config] = {**CONFIGS[args.config], "num_hidden_layers": args.layers}
     dev = torch.device("cuda" if args.compiled and torch.cuda.is_available() else "cpu")
     nets = models(args.config, dev, ["base", "moe"])
-    counts = {name: (compiled_launches if args.compiled else eager_ops)(name, nets[name]) for name in ("base", "moe")}
+    counts = {name: compiled_launches(name, nets[name], args.save_code) if args.compiled else eager_ops(name, nets[name])
+              for name in ("base", "moe")}
     layers = nets["base"].config.num_hidden_layers
     what = f"launches of the compiled decode step ({dev.type})" if args.compiled else "aten ops, one decode token"
     base, moe = sum(counts["base"].values()), sum(counts["moe"].values())

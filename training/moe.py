@@ -113,6 +113,8 @@ class LayerGate(nn.Module):
 
         Few operations on purpose: at batch 1 each is a kernel launch, and they run in every layer."""
         hidden = args[0] if args else kwargs["hidden_states"]
+        if torch.compiler.is_compiling() and not torch.is_grad_enabled() and self.routing.force is None:
+            return self._decide_by_slot(hidden)
         logits = small_matmul(hidden.to(self.proj.weight.dtype), self.proj.weight, plus=self.proj.bias)
         if self.routing.row_bias is not None:
             logits = logits + self.routing.row_bias.view(-1, *[1] * (logits.dim() - 2), logits.shape[-1])
@@ -131,6 +133,30 @@ class LayerGate(nn.Module):
             soft = probs[..., 1:].to(sel.dtype)
             sel = sel.detach() + soft - soft.detach()
         self.routing.mask = sel  # shared by the layer's Linears
+
+    def _decide_by_slot(self, hidden: torch.Tensor) -> None:
+        """`decide` written for inductor (decoding): one reduction over the hidden size per slot,
+        then the softmax's max and sum over the 1 + n slots as elementwise operations on those.
+        Each reduction has the loop of the layer's RMSNorm over the same input, so inductor fuses
+        the whole decision into that kernel; as a GEMV and a softmax over 5 columns it was five
+        kernels of its own per layer (benchmarks/decode_ops.py --compiled). Same decision as
+        `decide`: the first slot of largest logit, weighted by its probability, 1 / Σ exp(l - max)."""
+        h, w, b = hidden.to(self.proj.weight.dtype), self.proj.weight, self.proj.bias
+        logits = [(h * w[j]).sum(-1) + b[j] for j in range(w.shape[0])]
+        if self.routing.row_bias is not None:
+            bias = self.routing.row_bias.view(-1, *[1] * (h.dim() - 2), w.shape[0])
+            logits = [logit + bias[..., j] for j, logit in enumerate(logits)]
+        top = reduce(torch.maximum, logits)
+        exps = [torch.exp(logit - top) for logit in logits]
+        total = reduce(torch.add, exps)
+        gate = (1 / total).to(hidden.dtype)  # the chosen slot's exp is 1
+        first, taken = [], torch.zeros_like(top, dtype=torch.bool)
+        for logit in logits:  # argmax's tie rule: the first slot at the maximum
+            first.append((logit == top) & ~taken)
+            taken = taken | first[-1]
+        self.routing.route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
+        self.routing.probs = torch.stack([e / total for e in exps], -1)
+        self.routing.mask = torch.stack([torch.where(f, gate, 0) for f in first[1:]], -1)
 
 
 def _decoder_layers(model) -> nn.ModuleList:
