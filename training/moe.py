@@ -154,9 +154,10 @@ class LayerGate(nn.Module):
         for logit in logits:  # argmax's tie rule: the first slot at the maximum
             first.append((logit == top) & ~taken)
             taken = taken | first[-1]
-        self.routing.route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
-        self.routing.probs = torch.stack([e / total for e in exps], -1)
-        self.routing.mask = torch.stack([torch.where(f, gate, 0) for f in first[1:]], -1)
+        route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
+        self.routing.route, self.routing.probs = route, torch.stack([e / total for e in exps], -1)
+        # by comparison, not a stack of per-slot masks: on an H100 that stack was a kernel of its own
+        self.routing.mask = torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.unsqueeze(-1), 0)
 
 
 def _decoder_layers(model) -> nn.ModuleList:
