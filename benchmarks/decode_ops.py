@@ -50,15 +50,19 @@ def eager_ops(name: str, net) -> collections.Counter:
 
 def compiled_launches(name: str, net, save: str | None = None) -> collections.Counter:
     """Launches in the inductor code of the engine's decode step (prefill stays eager); the code
-    goes to `save`/<name>_<i>.py if given."""
+    goes to `save`/<name>_<i>.py if given. Prints dynamo's graph breaks, with their reasons."""
+    from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
     from trace_rl.training.engine import Engine, Request
 
     eng = Engine(net, Tok(), rows=1, max_len=64, compile="inductor",
                  before_forward=net.route_rows if name == "moe" else None)
+    counters["graph_break"].clear()
     with torch.no_grad():
         _, codes = run_and_get_code(eng.generate, [Request(list(range(1000, 1016)), 4, 0.0, tag=-1)])
+    for reason, n in counters["graph_break"].items():  # each break splits the step: more launches, less fusion
+        print(f"{name}: graph break x{n}: {reason}")
     launches = collections.Counter()
     for i, code in enumerate(codes):
         if save:
