@@ -165,6 +165,10 @@ def test_moe_routing_is_exact_in_the_engine_and_under_compilation(model, tok, ta
     assert fractions[0] < 0.99  # the adapters were really used
     compiled = Engine(moe, tok, rows=3, max_len=256, compile="inductor").generate(reqs)
     assert compiled == eager
+    mixed = [Request(r.ids, 8, tag=t) for r, t in zip(reqs, [-1, 0, 2])]  # per row: the gates, base, adapter 2
+    per_row = {mode: Engine(moe, tok, rows=3, max_len=256, compile=mode, before_forward=moe.route_rows).generate(mixed)
+               for mode in ("eager", "inductor")}
+    assert per_row["inductor"] == per_row["eager"] and per_row["eager"][0] == eager[0]
     stack = moe.model.model.layers[0].self_attn.q_proj.base.stack  # the compiled engine stacked the projections
     assert (stack.routing is not None) == ("k_proj" in targets)
 

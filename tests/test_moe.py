@@ -176,27 +176,37 @@ def test_checkpointed_gate_training_takes_the_same_steps():
     assert any(not torch.equal(p, torch.zeros_like(p)) for p in runs[True][1])
 
 
-def test_the_slot_by_slot_decision_for_inductor_is_the_gates_decision(setup):
+@pytest.mark.parametrize("shape,dtype", [((4, 3, 32), torch.float32), ((4, 32), torch.bfloat16)])
+def test_the_slot_by_slot_decision_for_inductor_is_the_gates_decision(setup, shape, dtype):
     """`LayerGate._decide_by_slot` (what compiled decoding runs) against `decide` (eager): the same
-    routes and masks for learned gates, ties (argmax's first slot) and rows fixed by `route_rows`."""
+    routes and masks for learned gates, exact ties and near-ties (argmax's first slot), rows fixed by
+    `route_rows`, and a row whose logits are all -inf (the base, no NaN in the mask)."""
     moe = LoRAMoE(tiny_base(), setup[2])
     gate, routing = moe.gates[0], moe.routings[0]
-    hidden = torch.randn(4, 3, 32, generator=torch.Generator().manual_seed(2))
+    hidden = torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(dtype)
     with torch.no_grad():
         gate.proj.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(3))
         gate.proj.bias.zero_()
         gate.proj.weight[2] = gate.proj.weight[1]  # slots 1 and 2 tie on every token
-        cases = [None, torch.tensor([-1, 0, 3, -1])]
-        got_routes = []
-        for slots in cases:
+        routes = []
+        for slots in [None, torch.tensor([-1, 0, 3, -1]), torch.tensor([-1, 9, 9, 2])]:  # 9: no such slot
             moe.route_rows(slots)
             gate.decide(None, (hidden,), {})
             want = routing.route, routing.mask, routing.probs
             gate._decide_by_slot(hidden)
             assert torch.equal(routing.route, want[0])
+            assert routing.mask.dtype == dtype and not routing.mask.isnan().any()
             torch.testing.assert_close(routing.mask, want[1])
-            torch.testing.assert_close(routing.probs, want[2])
-            got_routes.append(routing.route)
-    assert 2 not in got_routes[0] and {0, 1, 3} <= set(got_routes[0].flatten().tolist())  # ties went to slot 1
-    assert got_routes[1][1].eq(0).all() and got_routes[1][2].eq(3).all()  # fixed rows kept their slot
-    assert routing.mask[2].eq(torch.tensor([0.0, 0.0, 1.0])).all()  # a fixed row's gate value is exactly 1
+            torch.testing.assert_close(routing.probs, want[2], equal_nan=True)
+            routes.append(routing.route)
+    assert 2 not in routes[0] and routes[0].ne(0).any()  # adapters chosen; the (near-)ties went to slot 1
+    assert routes[1][1].eq(0).all() and routes[1][2].eq(3).all()  # fixed rows kept their slot
+    assert routes[2][1].eq(0).all() and routes[2][3].eq(2).all()  # all -inf: the base
+    with torch.no_grad():  # a near-tie: slots 1 and 2 differ in logit (0 and 1e-9), not in probability
+        gate.proj.weight[1:3] = 0
+        gate.proj.bias.copy_(torch.tensor([-20.0, 0.0, 1e-9, -20.0]))
+        moe.route_rows(None)
+        gate.decide(None, (hidden,), {})
+        want = routing.route
+        gate._decide_by_slot(hidden)
+    assert want.eq(1).all() and torch.equal(routing.route, want)

@@ -124,8 +124,9 @@ class LayerGate(nn.Module):
             route = torch.full_like(route, self.routing.force)
             gate = torch.ones_like(gate)
         self.routing.route, self.routing.probs = route, probs
-        # one-hot by comparison (no host sync: the step may be replayed as a CUDA graph)
-        sel = gate.to(hidden.dtype).unsqueeze(-1) * (route.unsqueeze(-1) == self.adapter_slots)  # [b, s, n]
+        # one-hot by comparison (no host sync: the step may be replayed as a CUDA graph); a where, not a
+        # product, so a NaN gate (a row whose logits are all -inf) leaves the other slots at 0
+        sel = torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.to(hidden.dtype).unsqueeze(-1), 0)  # [b, s, n]
         if torch.is_grad_enabled() and self.routing.force is None:
             # Straight-through: the forward value stays hard top-1 (exactly what inference runs),
             # the gradient is the dense mixture's, Σ_k p_k B_k A_k x. With hard top-1 alone, tokens
@@ -140,7 +141,8 @@ class LayerGate(nn.Module):
         Each reduction has the loop of the layer's RMSNorm over the same input, so inductor fuses
         the whole decision into that kernel; as a GEMV and a softmax over 5 columns it was five
         kernels of its own per layer (benchmarks/decode_ops.py --compiled). Same decision as
-        `decide`: the first slot of largest logit, weighted by its probability, 1 / Σ exp(l - max)."""
+        `decide`: the first slot of largest probability (logits that differ by less than a
+        probability can show tie there too), weighted by that probability."""
         h, w, b = hidden.to(self.proj.weight.dtype), self.proj.weight, self.proj.bias
         logits = [(h * w[j]).sum(-1) + b[j] for j in range(w.shape[0])]
         if self.routing.row_bias is not None:
@@ -149,15 +151,16 @@ class LayerGate(nn.Module):
         top = reduce(torch.maximum, logits)
         exps = [torch.exp(logit - top) for logit in logits]
         total = reduce(torch.add, exps)
-        gate = (1 / total).to(hidden.dtype)  # the chosen slot's exp is 1
+        probs = [e / total for e in exps]
+        gate = reduce(torch.maximum, probs)
         first, taken = [], torch.zeros_like(top, dtype=torch.bool)
-        for logit in logits:  # argmax's tie rule: the first slot at the maximum
-            first.append((logit == top) & ~taken)
+        for p in probs:  # max's tie rule: the first slot at the maximum
+            first.append((p == gate) & ~taken)
             taken = taken | first[-1]
         route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
-        self.routing.route, self.routing.probs = route, torch.stack([e / total for e in exps], -1)
+        self.routing.route, self.routing.probs = route, torch.stack(probs, -1)
         # by comparison, not a stack of per-slot masks: on an H100 that stack was a kernel of its own
-        self.routing.mask = torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.unsqueeze(-1), 0)
+        self.routing.mask = torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.to(hidden.dtype).unsqueeze(-1), 0)
 
 
 def _decoder_layers(model) -> nn.ModuleList:
