@@ -117,16 +117,14 @@ class LayerGate(nn.Module):
             return self._decide_by_slot(hidden)
         logits = small_matmul(hidden.to(self.proj.weight.dtype), self.proj.weight, plus=self.proj.bias)
         if self.routing.row_bias is not None:
-            logits = logits + self.routing.row_bias.view(-1, *[1] * (logits.dim() - 2), logits.shape[-1])
+            logits = logits + self._row_bias(logits.dim())
         probs = logits.softmax(-1)
         gate, route = probs.max(-1)  # multiplicative gating by the chosen slot's probability
         if self.routing.force is not None:
             route = torch.full_like(route, self.routing.force)
             gate = torch.ones_like(gate)
         self.routing.route, self.routing.probs = route, probs
-        # one-hot by comparison (no host sync: the step may be replayed as a CUDA graph); a where, not a
-        # product, so a NaN gate (a row whose logits are all -inf) leaves the other slots at 0
-        sel = torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.to(hidden.dtype).unsqueeze(-1), 0)  # [b, s, n]
+        sel = self._mask(route, gate, hidden.dtype)
         if torch.is_grad_enabled() and self.routing.force is None:
             # Straight-through: the forward value stays hard top-1 (exactly what inference runs),
             # the gradient is the dense mixture's, Σ_k p_k B_k A_k x. With hard top-1 alone, tokens
@@ -146,7 +144,7 @@ class LayerGate(nn.Module):
         h, w, b = hidden.to(self.proj.weight.dtype), self.proj.weight, self.proj.bias
         logits = [(h * w[j]).sum(-1) + b[j] for j in range(w.shape[0])]
         if self.routing.row_bias is not None:
-            bias = self.routing.row_bias.view(-1, *[1] * (h.dim() - 2), w.shape[0])
+            bias = self._row_bias(h.dim())
             logits = [logit + bias[..., j] for j, logit in enumerate(logits)]
         top = reduce(torch.maximum, logits)
         exps = [torch.exp(logit - top) for logit in logits]
@@ -159,8 +157,18 @@ class LayerGate(nn.Module):
             taken = taken | first[-1]
         route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
         self.routing.route, self.routing.probs = route, torch.stack(probs, -1)
-        # by comparison, not a stack of per-slot masks: on an H100 that stack was a kernel of its own
-        self.routing.mask = torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.to(hidden.dtype).unsqueeze(-1), 0)
+        # the mask from the route, not a stack of per-slot masks: on an H100 that stack was a kernel of its own
+        self.routing.mask = self._mask(route, gate, hidden.dtype)
+
+    def _row_bias(self, dim: int) -> torch.Tensor:
+        """`route_rows`' [batch, 1 + n] bias, viewed to broadcast over logits of `dim` dimensions."""
+        return self.routing.row_bias.view(-1, *[1] * (dim - 2), self.routing.row_bias.shape[-1])
+
+    def _mask(self, route: torch.Tensor, gate: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[.., n]: the gate value on the chosen adapter, 0 elsewhere. By comparison (no host sync: the
+        step may be replayed as a CUDA graph); a where, not a product, so a NaN gate (a row whose
+        logits are all -inf) leaves every slot at 0."""
+        return torch.where(route.unsqueeze(-1) == self.adapter_slots, gate.to(dtype).unsqueeze(-1), 0)
 
 
 def _decoder_layers(model) -> nn.ModuleList:
