@@ -9,7 +9,6 @@ Targets (the speed issue): base batch 1 >= 420 tok/s; MoE time <= 1.10x base und
 """
 import argparse
 import copy
-import json
 import time
 
 import torch
@@ -87,6 +86,7 @@ def main():
                     help="training.fuse.SUM_ROWS: up to how many rows a compiled thin product is a multiply-sum")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from trace_rl.core.io import atomic_write_json
     from trace_rl.training import fuse
     from trace_rl.training.engine import Engine, Request
 
@@ -143,9 +143,8 @@ def main():
                 print(f"{b:>5} {r['variant']:<8} {r['mode']:<9} {r['tokens_per_s']:>9.1f} {r['vs_base']:>23.2f}x "
                       f"{r['setup_s']:>8.1f}", flush=True)
             rows += done
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"device": device, "config": args.config, "rows": rows}, f, indent=2)
+            if args.out:  # whole or not at all: a run cut short by its time limit may stop here
+                atomic_write_json(args.out, {"device": device, "config": args.config, "rows": rows})
 
 
 if __name__ == "__main__":
