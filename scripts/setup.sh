@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: venv, pinned packages, llama.cpp wheel, and (with --docker/--models)
 # the Docker engine, sandbox image and embedded models. Fast when nothing changed.
-# Usage: scripts/setup.sh [--docker] [--browser] [--models NAME...]
+# Usage: scripts/setup.sh [--docker] [--browser] [--models NAME...] [--benchmarks NAME...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -11,12 +11,13 @@ PY=${PYTHON:-python3}
 LLAMA_VERSION=0.3.36
 export LITELLM_LOCAL_MODEL_COST_MAP=True PIP_DISABLE_PIP_VERSION_CHECK=1
 
-want_docker=0; want_browser=0; models=()
+want_docker=0; want_browser=0; models=(); benchmarks=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --docker) want_docker=1 ;;
     --browser) want_browser=1 ;;
     --models) shift; while [ $# -gt 0 ] && [[ "$1" != --* ]]; do models+=("$1"); shift; done; continue ;;
+    --benchmarks) shift; while [ $# -gt 0 ] && [[ "$1" != --* ]]; do benchmarks+=("$1"); shift; done; continue ;;
     *) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -70,4 +71,12 @@ fi
 if [ ${#models[@]} -gt 0 ]; then
   log "embedded models: ${models[*]}"
   "$VENV/bin/trace-rl" models fetch "${models[@]}"
+fi
+if [ ${#benchmarks[@]} -gt 0 ]; then
+  # built-in benchmarks with pins of their own get their own venv; ToolSandbox comes from the vendored
+  # archive beside the checkout where there is one (no registry serves it), else from its git repository
+  vendor="$ROOT/../shared/vendor/ToolSandbox-165848b.tar.gz"
+  if [ -z "${TRACE_RL_TOOLSANDBOX_SOURCE:-}" ] && [ -f "$vendor" ]; then export TRACE_RL_TOOLSANDBOX_SOURCE="$vendor"; fi
+  log "benchmark venvs: ${benchmarks[*]}"
+  "$VENV/bin/trace-rl" benchmarks install "${benchmarks[@]}"
 fi
