@@ -16,7 +16,7 @@ import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Literal
@@ -55,6 +55,11 @@ class AnalysisConfig(BaseModel):
     discovery_examples: int = Field(12, ge=2, description="trajectories shown in discovery (half failed)")
     min_passed: int = Field(3, ge=1, description="applicable (labelled) passed trajectories a run needs for a "
                                                  "contrast; fewer and the capability is no_contrast, not kept")
+    contrast_threshold: float | None = Field(None, ge=0, le=1, description="graded benchmarks (a similarity in "
+                                             "[0, 1]): when fewer than min_passed trajectories passed by the "
+                                             "benchmark's own rule, one with reward >= this counts as passed for "
+                                             "the contrast; capabilities.json and the report say which split ran. "
+                                             "None: the paper's rule only")
     max_unlabelled: float = Field(0.2, ge=0, le=1, description="share of pairs a run may leave unlabelled; "
                                                                "above it the run is unreliable and does not count")
     label_temperature: float = Field(0.7, ge=0, le=2)  # runs must be independent draws, not one greedy answer N times
@@ -536,6 +541,9 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
         raise ValueError(f"all {len(left_out)} trajectories are hollow (the user simulator ended them before the "
                          "agent acted): nothing to analyse; check the user simulator")
     t0 = time.perf_counter()
+    contrast = contrast_split(trajs, cfg)
+    if contrast["rule"] != "passed":  # every step below (discovery, labels, figures) reads the graded split
+        trajs = [replace(t, passed=t.reward >= cfg.contrast_threshold - EPS) for t in trajs]
     # with fewer passed trajectories than a contrast needs, no run can pass and the N runs would only
     # repeat one another: one run measures each candidate's coverage (to rank them), and says so
     n_passed = sum(t.passed for t in trajs)
@@ -569,13 +577,26 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     pairs = len(trajs) * len(caps)
     atomic_write_json(out / "capabilities.json", {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
-        "passed": n_passed, "hollow": left_out, "no_contrast": no_contrast,
+        "passed": n_passed, "contrast": contrast, "hollow": left_out, "no_contrast": no_contrast,
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
                             "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name, "labeller": labeller.name},
         "capabilities": [r.model_dump() for r in results]})
     plot_cov_delta(results, cfg, out / "cov_delta.png")
     return results
+
+
+def contrast_split(trajs: list[Trajectory], cfg: AnalysisConfig) -> dict:
+    """Which outcome the contrast reads: the benchmark's `passed` (the paper's rule), or, where fewer than
+    `min_passed` passed and `contrast_threshold` is set, reward >= that threshold (a graded benchmark whose
+    base agent is rarely perfect). Stated in capabilities.json and the report, never silent."""
+    n_passed = sum(t.passed for t in trajs)
+    if cfg.contrast_threshold is None or n_passed >= cfg.min_passed:
+        return {"rule": "passed", "passed_by_benchmark": n_passed}
+    graded = sum(t.reward >= cfg.contrast_threshold - EPS for t in trajs)
+    return {"rule": f"reward >= {cfg.contrast_threshold:g}", "passed_by_benchmark": n_passed, "passed_by_rule": graded,
+            "why": f"{n_passed} of {len(trajs)} trajectories passed by the benchmark's rule, fewer than "
+                   f"min_passed={cfg.min_passed}: the contrast splits them at reward {cfg.contrast_threshold:g}"}
 
 
 def plot_cov_delta(results: list[CapabilityRecord], cfg: AnalysisConfig, path: Path) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -21,6 +22,20 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def mean_ci(per_task: dict[str, list[float]], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% interval of the mean reward (a graded benchmark's similarity) by a bootstrap over tasks: a task's
+    trials are resampled together, since they are not independent of one another. Fixed seed: reproducible."""
+    tasks = [r for r in per_task.values() if r]
+    if not tasks:
+        return (0.0, 0.0)
+    rng, means = random.Random(seed), []
+    for _ in range(draws):
+        picked = [tasks[rng.randrange(len(tasks))] for _ in tasks]
+        means.append(sum(map(sum, picked)) / sum(map(len, picked)))
+    means.sort()
+    return (means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))])
+
+
 def pass_hat_k(per_task: dict[str, list[bool]], k: int) -> float:
     """τ-bench's pass^k: mean over tasks of C(c, k) / C(n, k) (all k of k trials pass)."""
     vals = [math.comb(sum(r), k) / math.comb(len(r), k) for r in per_task.values() if len(r) >= k]
@@ -35,15 +50,17 @@ def summarize(trajs: list[Trajectory]) -> dict:
     out = {}
     for name, items in sorted(groups.items()) + ([("overall", trajs)] if len(groups) > 1 else []):
         per_task: dict[str, list[bool]] = defaultdict(list)
+        rewards: dict[str, list[float]] = defaultdict(list)
         for t in sorted(items, key=lambda t: t.trial):
             per_task[f"{t.benchmark}/{t.task_id}"].append(t.passed)
+            rewards[f"{t.benchmark}/{t.task_id}"].append(t.reward)
         n, s = len(items), sum(t.passed for t in items)
         max_k = min(len(r) for r in per_task.values()) if per_task else 0
         out[name] = {
             "episodes": n, "tasks": len(per_task), "passed": s,
             "pass@1": s / n if n else 0.0, "ci95": wilson(s, n),
             "pass^k": {k: pass_hat_k(per_task, k) for k in range(1, max_k + 1)},
-            "mean_reward": sum(t.reward for t in items) / n if n else 0.0,
+            "mean_reward": sum(t.reward for t in items) / n if n else 0.0, "reward_ci95": mean_ci(rewards),
             "terminations": dict(Counter(t.termination for t in items)),
             "mean_steps": sum(t.steps for t in items) / n if n else 0.0,
             "tokens": sum(t.prompt_tokens + t.completion_tokens for t in items),

@@ -81,7 +81,10 @@ def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
                                + (f"; unlabelled pairs per run: {unl}" if unl else "")
                                + (f"; {len(hollow)} hollow episodes left out (the user simulator ended them "
                                   "before the agent acted)" if hollow else "")
-                               + (f"; {analysis['no_contrast']}" if analysis.get("no_contrast") else "")})
+                               + (f"; {analysis['no_contrast']}" if analysis.get("no_contrast") else "")
+                               + (f"; contrast split by {(analysis.get('contrast') or {})['rule']}: "
+                                  f"{analysis['contrast']['why']}"
+                                  if (analysis.get("contrast") or {}).get("rule", "passed") != "passed" else "")})
     env: EnvRecord
     for name, env in (s.get("envs") or {}).items():
         outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status
@@ -131,7 +134,7 @@ def eval_note(r: dict, mode: str, figures: dict) -> str:
     return "; ".join(x for x in ((r.get("notes") or {}).get(mode, ""), where) if x)
 
 
-EVAL_COLUMNS = ("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward", "note")
+EVAL_COLUMNS = ("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward (95% CI)", "note")
 
 
 def evaluation_rows(r: dict) -> list[list[str]]:
@@ -144,7 +147,8 @@ def evaluation_rows(r: dict) -> list[list[str]]:
             continue
         rows.append([mode, f"{g['tasks']} × {g.get('trials', 1)}", f"{g['pass@1']:.1%}",
                      f"{g['ci95'][0]:.0%}–{g['ci95'][1]:.0%}", f"{g['passed']}/{g['episodes']}",
-                     f"{g['mean_reward']:.2f}", eval_note(r, mode, g)])
+                     f"{g['mean_reward']:.2f}" + (f" ({g['reward_ci95'][0]:.2f}–{g['reward_ci95'][1]:.2f})"
+                                                  if g.get("reward_ci95") else ""), eval_note(r, mode, g)])
     return rows
 
 

@@ -443,3 +443,34 @@ def test_without_enough_passed_trajectories_one_labelling_run_ranks_the_candidat
     assert "2 passed trajectories" in saved["no_contrast"] and res.reason == saved["no_contrast"]
     assert res.status == "NO_CONTRAST" and not res.kept and res.cov_mean == 1.0
     assert sorted(p.name for p in (tmp_path / "labels").glob("run_??.json")) == ["run_00.json"]
+
+
+def test_a_graded_benchmark_contrasts_at_the_stated_threshold_only_when_too_few_are_perfect(tmp_path):
+    """ToolSandbox-like scores: none perfect, so the paper's rule has no contrast; with contrast_threshold
+    the analyst reads reward >= 0.5 as passed (the labeller sees PASSED on those), capabilities.json
+    states the rule and why. Where enough episodes pass by the benchmark's rule, the threshold is unused."""
+    def graded(i, reward):
+        t = traj(i, passed=reward >= 1.0)
+        t.reward = reward
+        return t
+    trajs = [graded(i, r) for i, r in enumerate([0.1, 0.2, 0.3, 0.6, 0.7, 0.8, 0.9, 0.2])]
+    _write_candidates(tmp_path, _caps("lookup_before_acting"))
+    cfg = AnalysisConfig(n_runs=2, k=2, contrast_threshold=0.5)
+    (res,) = analyze(trajs, ScriptedLLM(_labelling_script(set())), tmp_path, cfg, progress=False)
+    saved = json.loads((tmp_path / "capabilities.json").read_text())
+    assert saved["contrast"]["rule"] == "reward >= 0.5" and saved["contrast"]["passed_by_benchmark"] == 0
+    assert saved["contrast"]["passed_by_rule"] == 4 and "fewer than min_passed=3" in saved["contrast"]["why"]
+    assert saved["passed"] == 4 and not saved["no_contrast"]
+    assert res.kept and res.status == "PENDING"  # LACKING on the 4 below 0.5, PRESENT on the 4 above: Δ = 1
+    # no threshold: the paper's rule, no contrast
+    _write_candidates(tmp_path / "paper", _caps("lookup_before_acting"))
+    (plain,) = analyze(trajs, ScriptedLLM(_labelling_script(set())), tmp_path / "paper",
+                       AnalysisConfig(n_runs=2, k=2), progress=False)
+    assert plain.status == "NO_CONTRAST"
+    assert json.loads((tmp_path / "paper" / "capabilities.json").read_text())["contrast"]["rule"] == "passed"
+    # enough perfect episodes: the threshold is not used
+    perfect = [graded(i, 1.0 if i < 3 else 0.7) for i in range(8)]
+    _write_candidates(tmp_path / "enough", _caps("lookup_before_acting"))
+    analyze(perfect, ScriptedLLM(_labelling_script(set())), tmp_path / "enough", cfg, progress=False)
+    assert json.loads((tmp_path / "enough" / "capabilities.json").read_text())["contrast"] == {
+        "rule": "passed", "passed_by_benchmark": 3}

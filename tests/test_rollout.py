@@ -232,3 +232,16 @@ def test_a_whole_last_episode_without_its_newline_is_kept(tmp_path):
     assert len(again) == 2
     rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:3]], again, progress=False)
     assert len(TrajectoryStore(tmp_path)) == 3 and not (tmp_path / "quarantine.jsonl").exists()
+
+
+def test_mean_reward_interval_resamples_tasks_and_brackets_the_mean():
+    """A graded benchmark reports its mean similarity with a 95% interval: a task's trials move together
+    (task-level bootstrap), one task's interval is that task's mean, and identical rewards give a point."""
+    from trace_rl.evals.report import mean_ci
+
+    assert mean_ci({"a": [0.4, 0.4], "b": [0.4]}) == pytest.approx((0.4, 0.4))
+    assert mean_ci({"only": [0.2, 0.6]}) == pytest.approx((0.4, 0.4))
+    rewards = {f"t{i}": [i / 20] for i in range(20)}  # 0.00 .. 0.95, mean 0.475
+    lo, hi = mean_ci(rewards)
+    assert lo < 0.475 < hi and 0.3 < lo and hi < 0.65
+    assert mean_ci(rewards) == (lo, hi)  # fixed seed
