@@ -26,4 +26,10 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, data) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))
+    """JSON as the standard has it: a NaN or infinity is refused (ValueError naming the file), never written
+    as `NaN`, which other readers reject."""
+    try:
+        text = json.dumps(data, indent=2, default=str, allow_nan=False)
+    except ValueError as err:
+        raise ValueError(f"{path}: refusing to write a non-finite number ({err})") from None
+    atomic_write_text(path, text)

@@ -36,6 +36,8 @@ def aggregate(components, weights):
     if total <= 0:
         return 0.0
     value = sum(w * comps[k] for k, w in weights.items()) / total
+    if not (math.isfinite(total) and math.isfinite(value)):  # weights whose sum overflows: x / inf, inf / inf
+        raise ValueError(f"weights {sorted(map(str, weights))[:20]} overflow (their sum is {total!r}): scale them down")
     return min(1.0, max(0.0, value))  # only float rounding can leave [0, 1] here
 
 
