@@ -1,18 +1,28 @@
 """A small local approval page (127.0.0.1 only): the pending capability list or environment,
 with its figures, code, verifier findings and sample episodes, and approve / reject buttons.
-Decisions go to RUN_DIR/approvals.json, exactly as `trace-rl approve` writes them."""
+Decisions go to RUN_DIR/approvals.json, exactly as `trace-rl approve` writes them.
+
+Any site the user visits can send requests to 127.0.0.1, so the page trusts nothing it is sent: HTTP is
+parsed by uvicorn and starlette (not by hand), only a 127.0.0.1/localhost Host is answered (no DNS
+rebinding), a form needs the page's own secret token and no foreign Origin (no cross-site posts), bodies
+are capped at 64 KiB, and an item already decided answers 409 instead of being overwritten."""
 from __future__ import annotations
 
 import html
 import json
+import secrets
+import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
 
 from trace_rl.core.records import CapabilityRecord, EnvRecord
-from trace_rl.graph.approvals import pending_item, record_decision
+from trace_rl.graph.approvals import pending_item, read_decisions, record_decision
 from trace_rl.graph.report import verifier_report
+
+MAX_BODY = 64 << 10
+HOSTS = ("127.0.0.1", "localhost")
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
@@ -29,7 +39,7 @@ def _episode(msgs: list[dict]) -> str:
     return "<pre>" + _e("\n".join(turns)) + "</pre>"
 
 
-def render_capabilities(item: dict, run_dir: Path) -> str:
+def render_capabilities(item: dict, run_dir: Path, token: str) -> str:
     caps = [CapabilityRecord.model_validate(c) for c in item["items"]]
     rows = "".join(
         f"<tr><td><input type=checkbox name=approve value='{_e(c.name)}' checked></td><td><b>{_e(c.name)}</b>"
@@ -40,12 +50,13 @@ def render_capabilities(item: dict, run_dir: Path) -> str:
     plots = sorted(Path(run_dir).glob("iter_*/analysis/cov_delta.png"))
     img = f"<img src='/file?path={_e(plots[-1].relative_to(run_dir))}' width=520>" if plots else ""
     return (f"<form method=post action=/decide><input type=hidden name=id value='{_e(item['id'])}'>"
+            f"<input type=hidden name=token value='{_e(token)}'>"
             "<table><tr><th>train</th><th>capability</th><th>Cov</th><th>Δ</th><th>runs passed</th><th>failed examples</th></tr>"
             f"{rows}</table>{img}<p>Reason for the unchecked ones: <input name=reason size=60></p>"
             "<button name=action value=decide id=decide>Submit</button></form>")
 
 
-def render_environment(item: dict) -> str:
+def render_environment(item: dict, token: str) -> str:
     env = EnvRecord.model_validate(item["env"])
     parts = [f"<p>Capability <b>{_e(item['capability']['name'])}</b>: {_e(item['capability']['description'])}</p>",
              f"<p>Status: <b class={'ok' if item.get('verified') else 'bad'}>{_e(env.status)}</b>, source "
@@ -62,20 +73,21 @@ def render_environment(item: dict) -> str:
     if env.env and (path := Path(env.env)).is_file():
         parts.append(f"<h3>Code ({_e(path.name)})</h3><pre id=code>{_e(path.read_text())}</pre>")
     parts.append(f"<form method=post action=/decide><input type=hidden name=id value='{_e(item['id'])}'>"
-                 "<p>Reason (for a rejection): <input name=reason size=60></p>"
+                 f"<input type=hidden name=token value='{_e(token)}'><p>Reason (for a rejection): <input name=reason size=60></p>"
                  "<button name=action value=approve id=approve>Approve</button>"
                  "<button name=action value=reject id=reject>Reject</button></form>")
     return "".join(parts)
 
 
-def page(run_dir: Path, message: str = "") -> str:
+def page(run_dir: Path, token: str, message: str = "") -> str:
     item = pending_item(run_dir, undecided=True)
     body = f"<p class=ok id=message>{_e(message)}</p>" if message else ""
     if item is None:
         body += "<p id=idle>Nothing is waiting for a decision.</p>"
     else:
         body += f"<h2 id=title>{_e(item['title'])}</h2>"
-        body += render_capabilities(item, run_dir) if item["kind"] == "capabilities" else render_environment(item)
+        body += (render_capabilities(item, run_dir, token) if item["kind"] == "capabilities"
+                 else render_environment(item, token))
     return (f"<!doctype html><html><head><meta charset=utf-8><title>trace-rl approvals</title><style>{STYLE}</style>"
             f"</head><body><h1>trace-rl: {_e(Path(run_dir).name)}</h1>{body}</body></html>")
 
@@ -98,48 +110,93 @@ def decision_from_form(item: dict, form: dict[str, list[str]]) -> dict:
     return {"action": action, "reason": reason, "by": "web"}
 
 
-def serve(run_dir: str | Path, port: int = 0) -> ThreadingHTTPServer:
-    """Start the page in a background thread; returns the server (`.shutdown()` to stop)."""
-    run_dir = Path(run_dir).resolve()
+def app(run_dir: str | Path, token: str | None = None):
+    """The page as an ASGI app (starlette): GET /, /pending.json, /file?path=x.png; POST /decide."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+    from starlette.routing import Route
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    run_dir, token = Path(run_dir).resolve(), token or secrets.token_urlsafe(24)
+    lock = threading.Lock()  # two posts at once: the second finds the item decided
 
-        def _send(self, code: int, body: bytes, ctype: str = "text/html; charset=utf-8") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    async def index(request):
+        return HTMLResponse(page(run_dir, token, request.query_params.get("msg", "")))
 
-        def do_GET(self):
-            url = urlparse(self.path)
-            if url.path == "/file":
-                rel = parse_qs(url.query).get("path", [""])[0]
-                target = (run_dir / rel).resolve()
-                if run_dir not in target.parents or target.suffix != ".png" or not target.is_file():
-                    return self._send(404, b"not found", "text/plain")
-                return self._send(200, target.read_bytes(), "image/png")
-            if url.path == "/pending.json":
-                return self._send(200, json.dumps(pending_item(run_dir)).encode(), "application/json")
-            self._send(200, page(run_dir, parse_qs(url.query).get("msg", [""])[0]).encode())
+    async def pending(request):
+        return JSONResponse(pending_item(run_dir))
 
-        def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            form = parse_qs(self.rfile.read(length).decode())
+    async def file(request):
+        target = (run_dir / request.query_params.get("path", "")).resolve()
+        if run_dir not in target.parents or target.suffix != ".png" or not target.is_file():
+            return PlainTextResponse("not found", 404)
+        return FileResponse(target, media_type="image/png")
+
+    async def decide(request):
+        origin = request.headers.get("origin")
+        if origin is not None and origin.split("://", 1)[-1].split(":")[0] not in HOSTS:
+            return PlainTextResponse(f"a form from {origin} is not accepted", 403)
+        try:
+            length = int(request.headers.get("content-length", "0"))
+        except ValueError:
+            return PlainTextResponse("bad Content-Length", 400)
+        if length > MAX_BODY:
+            return PlainTextResponse(f"body over {MAX_BODY} bytes", 413)
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                return PlainTextResponse(f"body over {MAX_BODY} bytes", 413)
+        try:
+            form = parse_qs(body.decode("utf-8", errors="strict"), strict_parsing=bool(body))
+        except (UnicodeDecodeError, ValueError):
+            return PlainTextResponse("the form is not UTF-8 url-encoded", 400)
+        if not secrets.compare_digest((form.get("token") or [""])[0], token):
+            return PlainTextResponse("missing or wrong page token: reload the page", 403)
+        with lock:
             item = pending_item(run_dir)
-            if item is None or (form.get("id") or [""])[0] != item["id"]:
-                return self._send(409, b"that item is no longer pending", "text/plain")
+            item_id = (form.get("id") or [""])[0]
+            if item is None or item_id != item["id"] or item_id in read_decisions(run_dir):
+                return PlainTextResponse("that item is no longer pending (or already decided)", 409)
             try:
                 decision = decision_from_form(item, form)
             except BadDecision as err:
-                return self._send(400, str(err).encode(), "text/plain")
+                return PlainTextResponse(str(err), 400)
             record_decision(run_dir, item["id"], decision)
-            self.send_response(303)
-            self.send_header("Location", "/?msg=Decision+recorded%3B+the+run+continues.")
-            self.end_headers()
+        return RedirectResponse("/?msg=Decision+recorded%3B+the+run+continues.", 303)
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return Starlette(routes=[Route("/", index), Route("/pending.json", pending), Route("/file", file),
+                             Route("/", decide, methods=["POST"]), Route("/decide", decide, methods=["POST"])],
+                     middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(HOSTS))])
+
+
+class PageServer:
+    """uvicorn serving `app` on 127.0.0.1 in a daemon thread; `.server_port`, `.shutdown()`."""
+
+    def __init__(self, asgi, port: int = 0, token: str = ""):
+        import uvicorn
+
+        self.token = token  # the forms' secret, for a caller that posts without reading the page
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.server_port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(asgi, log_level="error", access_log=False, lifespan="off",
+                                                    h11_max_incomplete_event_size=MAX_BODY))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def serve(run_dir: str | Path, port: int = 0) -> PageServer:
+    """Start the page in a background thread; returns the server (`.shutdown()` to stop)."""
+    token = secrets.token_urlsafe(24)
+    return PageServer(app(run_dir, token), port, token)

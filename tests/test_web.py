@@ -87,7 +87,8 @@ def test_a_decision_naming_nothing_pending_is_400_and_not_recorded(tmp_path, for
     (tmp_path / "pending.json").write_text(json.dumps(item))
     server = serve(tmp_path, 0)
     try:
-        req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/", data=form.encode(), method="POST")
+        req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/", method="POST",
+                                     data=f"{form}&token={server.token}".encode())
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
         assert err.value.code == 400
