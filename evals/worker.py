@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
+import signal
 import subprocess
 import threading
 from contextlib import suppress
@@ -22,7 +24,7 @@ from pathlib import Path
 from pydantic import Field
 
 from trace_rl.evals.benchmark import Benchmark, BenchmarkError, BenchmarkOptions, Episode, Observation, Score, Task
-from trace_rl.sandbox.session import JsonLinesProcess, SandboxError, SessionLimits
+from trace_rl.sandbox.session import JsonLinesProcess, SandboxError, SessionLimits, contained
 
 
 class WorkerError(BenchmarkError):
@@ -56,8 +58,18 @@ class Worker(JsonLinesProcess):
             raise BenchmarkError(f"cannot start the benchmark worker with python={python!r}: {err}") from None
 
     def _spawn(self) -> subprocess.Popen:
-        return subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                bufsize=0)
+        # in a PID namespace of its own: a daemon the benchmark forks (setsid or not) ends with the worker
+        return subprocess.Popen(contained(self.cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+
+    def _kill(self) -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the namespace's holder, so everything in it
+        super()._kill()
+
+    def close(self) -> None:
+        super().close()
+        self._kill()  # also after a clean exit: what it forked may live on
 
     def call(self, op: str, *args):
         with self.lock:

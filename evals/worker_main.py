@@ -30,6 +30,15 @@ def load(target):
     return getattr(module, attr)()
 
 
+def host_pid():
+    """This process's pid as the host sees it: the worker runs in a PID namespace of its own (where it is 1),
+    but /proc is still the host's."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
 def main():
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -51,7 +60,7 @@ def main():
         "step": lambda eid, content, tool_calls: episodes[eid].step(content, tool_calls),
         "score": lambda eid, termination: episodes[eid].score(termination),
         "close": lambda eid: getattr(episodes.pop(eid, None), "close", lambda: None)(),
-        "pid": lambda: os.getpid(),
+        "pid": host_pid,
     }
     for line in sys.stdin:
         rid = None

@@ -14,6 +14,7 @@ a `SandboxError` with a `kind` and the stderr tail, and the process (container) 
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -340,16 +341,39 @@ def _user_tasks() -> int | None:
     return n or None
 
 
-def _lower_limit(pid: int, which: int, soft: int, hard: int | None = None) -> None:
-    """Lower one rlimit of process `pid` (never above what it already has: raising needs privileges)."""
-    _, cur_hard = resource.prlimit(pid, which)
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); import runner; runner.main()"
+
+
+@functools.lru_cache(maxsize=None)
+def _namespace_args() -> tuple[str, ...] | None:
+    """How this machine gives a child its own PID namespace (`unshare`, as root or through a user namespace),
+    or None where it refuses both. A namespace is the one unprivileged way to end EVERY descendant: when its
+    first process dies the kernel kills the rest, also one that called setsid or was double-forked, which a
+    process-group kill misses."""
+    for args in (("unshare", "--pid", "--fork", "--kill-child"),
+                 ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child")):
+        with suppress(OSError, subprocess.SubprocessError):
+            if subprocess.run([*args, "true"], capture_output=True, timeout=10).returncode == 0:
+                return args
+    logging.getLogger(__name__).warning("no PID namespace here (unshare refused): a process a sandboxed module or a "
+                                        "benchmark worker detaches with setsid may outlive it")
+    return None
+
+
+def contained(cmd: list[str], limits: dict[str, tuple[int, int]] | None = None) -> list[str]:
+    """`cmd` in a PID namespace of its own (see `_namespace_args`), with `limits` ({prlimit option: (soft,
+    hard)}) set by util-linux's prlimit before `cmd` runs a line; falls back to `cmd` in a process group."""
+    if limits and shutil.which("prlimit"):
+        cmd = ["prlimit", *(f"--{name}={soft}:{hard}" for name, (soft, hard) in limits.items()), "--", *cmd]
+    return [*(_namespace_args() or ()), "--", *cmd] if _namespace_args() else cmd
+
+
+def _within_hard(which: int, soft: int, hard: int | None = None) -> tuple[int, int]:
+    """(soft, hard) lowered to this process's own hard limit, which a child inherits and cannot exceed."""
+    _, cur_hard = resource.getrlimit(which)
     hard = soft if hard is None else hard
     hard = hard if cur_hard == resource.RLIM_INFINITY else min(hard, cur_hard)
-    with suppress(ValueError, PermissionError):  # this platform or kernel refuses that one: keep going without it
-        resource.prlimit(pid, which, (min(soft, hard), hard))
-
-
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); import runner; runner.main()"
+    return min(soft, hard), hard
 _warned = False
 
 
@@ -389,20 +413,18 @@ class SubprocessSession(Sandbox):
     def _spawn(self) -> subprocess.Popen:
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "HOME": str(self.work), "TMPDIR": str(self.work),
                "TRACE_RL_MAX_REPLY": str(self.limits.max_reply_bytes)}
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", "-u", "-c", _BOOT, str(self.lib)],
+        # limits set by prlimit before the runner starts (not preexec_fn: that is unsafe in a host with
+        # threads, as GRPO's is); the PID namespace takes every descendant with it at close
+        cpu = max(1, int(self.limits.cpu_time_s))
+        limits = {"as": _within_hard(resource.RLIMIT_AS, _size_bytes(self.limits.memory)),
+                  "cpu": _within_hard(resource.RLIMIT_CPU, cpu, cpu + 5),  # SIGXCPU, then SIGKILL
+                  "fsize": _within_hard(resource.RLIMIT_FSIZE, _size_bytes(self.limits.tmpfs_size)),
+                  "core": (0, 0)}
+        if os.geteuid() != 0 and (tasks := _user_tasks()) is not None:  # root ignores RLIMIT_NPROC
+            limits["nproc"] = _within_hard(resource.RLIMIT_NPROC, tasks + self.limits.pids)
+        return subprocess.Popen(contained([sys.executable, "-I", "-S", "-B", "-u", "-c", _BOOT, str(self.lib)], limits),
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
                                 cwd=self.work, env=env, start_new_session=True, close_fds=True)
-        # The runner only reads stdin until the first request, so limits set now bind all module code
-        # (prlimit from here, not preexec_fn: that is unsafe in a host with threads, as GRPO's is).
-        with suppress(ProcessLookupError):  # it died already: the first request says so
-            cpu = max(1, int(self.limits.cpu_time_s))
-            _lower_limit(proc.pid, resource.RLIMIT_AS, _size_bytes(self.limits.memory))
-            _lower_limit(proc.pid, resource.RLIMIT_CPU, cpu, cpu + 5)  # SIGXCPU, then SIGKILL
-            _lower_limit(proc.pid, resource.RLIMIT_FSIZE, _size_bytes(self.limits.tmpfs_size))
-            _lower_limit(proc.pid, resource.RLIMIT_CORE, 0)
-            if os.geteuid() != 0 and (tasks := _user_tasks()) is not None:  # root ignores RLIMIT_NPROC
-                _lower_limit(proc.pid, resource.RLIMIT_NPROC, tasks + self.limits.pids)
-        return proc
 
     def _kill(self) -> None:
         with suppress(ProcessLookupError, PermissionError):

@@ -165,3 +165,47 @@ def test_subprocess_pool_replaces_dead_sessions(monkeypatch):
         assert b is not a and b.call("ping", 2) == 2
         pool.release(b)
     assert not any(os.path.exists(s.dir) for s in (a, b))
+
+
+def _alive_with(marker: str) -> list[int]:
+    """Host pids whose command line carries `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+DETACH = """import os, subprocess, sys
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}-setsid'], start_new_session=True)
+if os.fork() == 0:  # a double fork: the grandchild's parent is gone before close
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', '{marker}-daemon'])
+    os._exit(0)
+print('spawned')"""
+
+
+def test_no_process_a_module_detaches_outlives_its_subprocess_session():
+    """A module that starts a setsid'd child and a double-forked daemon: both are gone once the session
+    closes (its PID namespace), where a process-group kill would leave them running."""
+    import uuid
+
+    marker = f"trace-rl-detached-{uuid.uuid4().hex[:8]}"
+    s = SubprocessSession(LIMITS)
+    try:
+        assert "spawned" in s.exec(DETACH.format(marker=marker), timeout=20)
+        deadline = time.monotonic() + 10
+        while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_alive_with(marker)) == 2
+    finally:
+        s.close()
+    deadline = time.monotonic() + 5
+    while _alive_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive_with(marker) == []

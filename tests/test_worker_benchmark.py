@@ -110,3 +110,34 @@ def test_a_killed_worker_fails_its_open_episodes_and_is_restarted(second_venv, t
         assert bench.restarts >= 1 and bench.live_worker().call("pid") != first
     finally:
         bench.close()
+
+
+def test_a_daemon_the_benchmark_forks_ends_with_the_worker(second_venv):
+    """The benchmark's own code detaches a process (setsid, double fork): closing the benchmark ends it."""
+    import uuid
+
+    from test_sandbox_backends import DETACH, _alive_with
+
+    marker = f"trace-rl-worker-daemon-{uuid.uuid4().hex[:8]}"
+    side = second_venv / f"side_{marker[-8:]}.py"
+    side.write_text(SIDE + "\n\nclass Forking(SideBench):\n    def __init__(self):\n        exec("
+                    + repr(DETACH.format(marker=marker)) + ")\n")
+    from trace_rl.evals.worker import WorkerBenchmark
+
+    class ForkingBenchmark(WorkerBenchmark):
+        name = "forking"
+        worker_target = f"{side}:Forking"
+
+    bench = ForkingBenchmark(python=str(second_venv / "venv" / "bin" / "python"), call_timeout_s=30)
+    try:
+        assert bench.splits() == ["train", "test"]
+        deadline = time.monotonic() + 10
+        while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_alive_with(marker)) == 2
+    finally:
+        bench.close()
+    deadline = time.monotonic() + 5
+    while _alive_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive_with(marker) == []
