@@ -1,16 +1,15 @@
 """The base agent: a tool-calling loop against any benchmark episode.
 
 Every way an episode can end is an explicit `termination` in the trajectory
-(agent_stop, user_stop, max_steps, context_length, llm_error, env_error, ...), never a crash.
+(agent_stop, user_stop, max_steps, context_length, llm_error, env_error, env_timeout, ...), never a crash.
 """
 from __future__ import annotations
 
 import re
 import time
-from contextlib import suppress
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
-from trace_rl.core.episode import Episode, Score
+from trace_rl.core.episode import STEP_TIMEOUT_S, Episode, EpisodeFault, Guarded, Score
 from trace_rl.core.llm import is_context_length_error
 from trace_rl.core.trajectory import Trajectory
 
@@ -31,20 +30,23 @@ def _error(err: Exception) -> dict:
     return {"error": text, **({"error_kind": m.group(1)} if m else {})}
 
 
-def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: str, trial: int = 0,
-                split: str = "", max_steps: int | None = None, **chat_kw) -> Trajectory:
-    """Roll out one episode to the end and score it."""
+def run_episode(policy: Policy, episode: Episode | Callable[[], Episode], *, task_id: str, benchmark: str, trial: int = 0,
+                split: str = "", max_steps: int | None = None, step_timeout_s: float = STEP_TIMEOUT_S,
+                **chat_kw) -> Trajectory:
+    """Roll out one episode to the end and score it. The episode is played behind the plugin boundary
+    (`Guarded`): whatever it raises, returns or hangs on ends the episode as a recorded termination."""
     t0, started = time.perf_counter(), time.time()
-    max_steps = max_steps or episode.max_steps
+    episode = episode if isinstance(episode, Guarded) else Guarded(episode, step_timeout_s)
     stats = dict(steps=0, tool_calls=0, malformed_tool_calls=0, text_tool_calls=0, prompt_tokens=0, completion_tokens=0)
     messages, termination, error = [], None, None  # error: the reasons of the exception that ended the episode
     try:
         obs = episode.reset()
-    except Exception as err:  # e.g. the user simulator failed on its first turn: no messages, nothing to score
-        termination, error = "env_error", _error(err)
+    except EpisodeFault as err:  # e.g. the user simulator failed on its first turn: no messages, nothing to score
+        termination, error = err.termination, _error(err)
     else:
         messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
         termination = obs.reason if obs.done else None
+        max_steps = max_steps or episode.max_steps  # a worker episode learns its limit in reset()
     while termination is None:
         if stats["steps"] >= max_steps:
             termination = "max_steps"
@@ -64,20 +66,19 @@ def run_episode(policy: Policy, episode: Episode, *, task_id: str, benchmark: st
         messages.append(msg)
         try:
             obs = episode.step(msg.get("content") or "", msg.get("tool_calls") or [])
-        except Exception as err:  # the environment or its user simulator failed: recorded, not raised
-            termination, error = "env_error", _error(err)
+        except EpisodeFault as err:  # the environment or its user simulator failed: recorded, not raised
+            termination, error = err.termination, _error(err)
             break
         messages.extend(obs.messages)
         if obs.done:
             termination = obs.reason or "agent_stop"
-    try:
-        score = episode.score(termination) if messages else Score(0.0, False)
-    except Exception as err:  # a dead or misbehaving environment cannot score: 0, recorded with its kind
-        termination, error = "env_error", error or _error(err)
+    try:  # a hung episode is not asked again: its state is unknown and its score would wait as long
+        score = episode.score(termination) if messages and termination != "env_timeout" else Score(0.0, False)
+    except EpisodeFault as err:  # a dead or misbehaving environment cannot score: 0, recorded with its kind
+        termination, error = (termination if error else err.termination), error or _error(err)
         score = Score(0.0, False, {"termination": termination, "score_error": _error(err)["error"]})
     finally:
-        with suppress(Exception):  # closing must not turn a recorded episode into a crash
-            episode.close()
+        episode.close()  # bounded, never raises
     return Trajectory(task_id=task_id, benchmark=benchmark, trial=trial, model=policy.name, messages=messages,
                       reward=score.reward, passed=score.passed, termination=termination,
                       reasons={**score.reasons, **(error or {})}, seconds=time.perf_counter() - t0, started_at=started,

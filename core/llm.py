@@ -34,8 +34,12 @@ class LLMConfig(BaseModel):
                                                                  "servers; never written to a run directory")
     temperature: float = Field(0.0, ge=0)
     max_tokens: int = Field(512, ge=16)
-    timeout: float | None = Field(None, description="seconds per request; unset: 3600 for a local CPU server "
-                                                    "(a long answer from a 1.5B model takes ~20 min), 600 remote")
+    timeout: float | None = Field(None, gt=0, description="seconds an endpoint may stay silent (connect, each "
+                                  "read); unset: 3600 for a local CPU server (a long answer from a 1.5B model takes "
+                                  "~20 min), 600 remote")
+    deadline: float | None = Field(None, gt=0, description="seconds one request may take in all (the client's "
+                                   "own retries included), however slowly the endpoint drips its answer; unset: "
+                                   "the timeout")
     retries: int = 2
     n_ctx: int = 16384  # tau2 telecom's solo prompt + tools is ~11k tokens
     price_in_per_mtok: float = 0.0
@@ -103,6 +107,10 @@ class ReplyError(Exception):
     def __init__(self, message: str, reply: str = ""):
         super().__init__(message)
         self.reply = reply
+
+
+class RequestDeadlineError(TimeoutError):
+    """An endpoint kept a request past its deadline (it hung, or dripped its answer)."""
 
 
 class StructuredOutputError(ReplyError, RuntimeError):
@@ -293,6 +301,32 @@ class LLM:
                                   max_retries=0 if local else self.config.retries)
         return self._client
 
+    def _within_deadline(self, request: Callable[[], Any]) -> Any:
+        """`request()` in a thread, waited for at most the deadline: a server that sends a byte every few
+        seconds never trips the read timeout. Past the deadline the client is closed (which breaks the stuck
+        socket and ends the thread) and a fresh one serves the next request."""
+        deadline = self.config.deadline or self._openai().timeout.read or 600.0
+        box: dict = {}
+
+        def run():
+            try:
+                box["value"] = request()
+            except BaseException as err:
+                box["error"] = err
+        worker = threading.Thread(target=run, name="llm-request", daemon=True)
+        worker.start()
+        worker.join(deadline)
+        if worker.is_alive():
+            with self._lock:
+                client, self._client = self._client, None
+            with suppress(Exception):
+                client.close()
+            raise RequestDeadlineError(f"{self.name}: no complete answer within the {deadline:g} s deadline "
+                                       f"(deadline: in the model's config)")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     def _complete(self, messages: list[dict], tools: list[dict] | None, **kw) -> Reply:
         """One request to the endpoint. Test doubles override this method only."""
         client = self._openai()
@@ -308,7 +342,7 @@ class LLM:
         if kw.get("seed") is not None:
             args["seed"] = kw["seed"]
         t0 = time.perf_counter()
-        resp = client.chat.completions.create(**args)
+        resp = self._within_deadline(lambda: client.chat.completions.create(**args))
         dt = time.perf_counter() - t0
         choice = resp.choices[0]
         calls = []

@@ -7,6 +7,7 @@ index.json rewritten atomically after each episode.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -48,7 +49,27 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        """A stored line back as a trajectory; a field of the wrong type (a string reward, a NaN, messages
+        that are not role dicts) is a ValueError, so the store quarantines the line instead of a later
+        stage crashing on it."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a trajectory is a JSON object, got {type(d).__name__}")
+        t = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        for name, kind in (("task_id", str), ("benchmark", str), ("model", str), ("termination", str), ("split", str),
+                           ("passed", bool), ("reasons", dict), ("messages", list)):
+            if not isinstance(getattr(t, name), kind):
+                raise ValueError(f"field {name!r} is {type(getattr(t, name)).__name__}, not {kind.__name__}")
+        for name in ("trial", "steps", "tool_calls", "malformed_tool_calls", "text_tool_calls", "prompt_tokens",
+                     "completion_tokens"):
+            if isinstance(getattr(t, name), bool) or not isinstance(getattr(t, name), int):
+                raise ValueError(f"field {name!r} is not an int")
+        for name in ("reward", "seconds", "started_at"):
+            value = getattr(t, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"field {name!r} is {value!r:.40}, not a finite number")
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in t.messages):
+            raise ValueError("field 'messages' holds an entry that is not a {'role': ...} object")
+        return t
 
 
 class TrajectoryStore:
@@ -145,7 +166,7 @@ class TrajectoryStore:
         return list(self._items.values())
 
     def add(self, traj: Trajectory) -> None:
-        line = (json.dumps(traj.to_dict(), default=str) + "\n").encode()
+        line = (json.dumps(traj.to_dict(), default=str, allow_nan=False) + "\n").encode()  # NaN: not JSON
         with self._lock:
             if traj.key in self._items:
                 return

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from abc import ABC, abstractmethod
 from importlib.metadata import entry_points
@@ -81,6 +82,14 @@ class Benchmark(ABC):
 
 class BenchmarkError(ValueError):
     pass
+
+
+def hinted_episode(bench: Benchmark, task_id: str, hinted: bool) -> Episode:
+    """`bench.episode(task_id, hinted=True)` where the benchmark takes hints; a plugin whose `episode()`
+    has no `hinted` parameter has none, and gets the task id alone."""
+    if hinted and "hinted" in inspect.signature(bench.episode).parameters:
+        return bench.episode(task_id, hinted=True)
+    return bench.episode(task_id)
 
 
 _REGISTRY: dict[str, Callable[..., Benchmark]] = {}
@@ -184,4 +193,33 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
         bench = factory(variant, **options)
     if not isinstance(bench, Benchmark):
         raise BenchmarkError(f"{spec} built a {type(bench).__name__}, not a trace_rl Benchmark")
+    return _checked(bench, spec)
+
+
+def _checked(bench: Benchmark, spec: str) -> Benchmark:
+    """`splits()` and `tasks()` as the framework reads them: what a plugin raises or returns of the wrong
+    shape (None, strings instead of Tasks, ids that are not strings) is a one-line BenchmarkError."""
+    splits, tasks = bench.splits, bench.tasks
+
+    def call(what: str, fn, *args):
+        try:
+            return fn(*args)
+        except BenchmarkError:
+            raise
+        except Exception as err:
+            raise BenchmarkError(f"{spec}: {what} raised {type(err).__name__}: {str(err)[:300]}") from None
+
+    def checked_splits() -> list[str]:
+        out = call("splits()", splits)
+        if not isinstance(out, (list, tuple)) or not all(isinstance(x, str) for x in out):
+            raise BenchmarkError(f"{spec}: splits() returned {out!r:.80}, not a list of split names")
+        return list(out)
+
+    def checked_tasks(split: str) -> list[Task]:
+        out = call(f"tasks({split!r})", tasks, split)
+        if not isinstance(out, (list, tuple)) or not all(isinstance(t, Task) and isinstance(t.id, str) for t in out):
+            raise BenchmarkError(f"{spec}: tasks({split!r}) returned {out!r:.80}, not a list of Task with str ids")
+        return list(out)
+
+    bench.splits, bench.tasks = checked_splits, checked_tasks
     return bench

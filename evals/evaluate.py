@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trace_rl.core.episode import STEP_TIMEOUT_S
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.benchmark import Benchmark
@@ -15,7 +16,7 @@ from trace_rl.evals.rollout import rollout
 def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str | Path, *, split: str,
              trials: int = 1, skipped: dict[str, str] | None = None, mode_tasks: dict[str, int] | None = None,
              passed_threshold: float | None = None, concurrency: int = 1,
-             capabilities: list[dict] | None = None) -> dict:
+             capabilities: list[dict] | None = None, step_timeout_s: float = STEP_TIMEOUT_S) -> dict:
     """{mode: figures | {"skipped": why}}; writes out_dir/<mode>/ stores, report.json and report.png.
     `mode_tasks` gives some modes fewer tasks (slow in-process decoding); each row states its count.
     `capabilities` ({name, description}): each mode's figures get "transfer", the code-measured rate
@@ -24,7 +25,8 @@ def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str
     for mode, policy in policies.items():
         n = (mode_tasks or {}).get(mode)
         trajs = rollout(bench, policy, task_ids[:n] if n else task_ids, TrajectoryStore(out / mode), trials=trials,
-                        split=split, passed_threshold=passed_threshold, concurrency=concurrency)
+                        split=split, passed_threshold=passed_threshold, concurrency=concurrency,
+                        step_timeout_s=step_timeout_s)
         series[mode] = summarize(trajs)
         results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name}
         if capabilities:

@@ -18,7 +18,7 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
     todo = [(tid, k) for tid, k in jobs if f"{benchmark.name}/{tid}/{k}" not in store]
 
     def one(tid: str, k: int) -> Trajectory:
-        traj = run_episode(policy, benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
+        traj = run_episode(policy, lambda: benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
                            trial=k, split=split, **chat_kw)
         if passed_threshold is not None:
             traj.passed = traj.reward >= passed_threshold - 1e-9

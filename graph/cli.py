@@ -131,6 +131,10 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              user_base_url: str = typer.Option(None, help="endpoint of the user-simulator model"),
              bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
              passed_threshold: float = typer.Option(None, min=0, max=1, help="pass when reward >= this"),
+             request_deadline: float = typer.Option(None, min=1, help="seconds one model request may take in all "
+                                                                      "(a hung or dripping endpoint: llm_error)"),
+             step_timeout: float = typer.Option(600.0, min=1, help="seconds one benchmark call may take (a hung "
+                                                                   "one: env_timeout)"),
              serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)")):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.core.llm import LLM, LLMConfig
@@ -155,10 +159,10 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
     out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
     policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
-                                  temperature=temperature), serve, 2 * concurrency))
+                                  temperature=temperature, deadline=request_deadline), serve, 2 * concurrency))
     t0 = time.perf_counter()
     trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
-                    passed_threshold=passed_threshold)
+                    passed_threshold=passed_threshold, step_timeout_s=step_timeout)
     report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]",
                           extra={"wall_seconds": time.perf_counter() - t0})
     table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",

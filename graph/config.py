@@ -24,6 +24,11 @@ class AgentSettings(Strict):
     max_tokens: int = Field(512, ge=16)
     temperature: float = Field(0.7, ge=0, description="> 0 so that repeated trials of a task can differ")
     concurrency: int = Field(1, ge=1)
+    request_deadline: float | None = Field(None, gt=0, description="seconds one model request may take in all "
+                                           "(a hung or dripping endpoint then ends the episode as llm_error); "
+                                           "unset: the client's timeout")
+    step_timeout: float = Field(600.0, gt=0, description="seconds one benchmark call (reset, step, score) may take; "
+                                "a hung one ends the episode as env_timeout")
 
 
 class LoopSettings(Strict):
@@ -110,7 +115,7 @@ class RunConfig(Strict):
     def agent_llm(self) -> LLMConfig:
         """The base agent at its endpoint, with the agent settings."""
         return LLMConfig(model=self.base_model, base_url=self.base_url, max_tokens=self.agent.max_tokens,
-                         temperature=self.agent.temperature)
+                         temperature=self.agent.temperature, deadline=self.agent.request_deadline)
 
     @model_validator(mode="after")
     def _trials_need_sampling(self):
@@ -139,12 +144,15 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
     import hashlib
 
     data, out, chain = cfg.model_dump(mode="json"), {}, ""
-    for section in ("agent", "analysis"):  # how many calls run at once changes no result
-        data[section].pop("concurrency", None)
+    for section in ("agent", "analysis"):  # how many calls run at once changes no result, nor how long one may take
+        for key in ("concurrency", "request_deadline", "step_timeout"):
+            data[section].pop(key, None)
+    if data["analysis"].get("contrast_threshold") is None:  # added later: runs made before keep their fingerprints
+        data["analysis"].pop("contrast_threshold", None)
     if data["labeller"] is None:  # a field added later: runs made before keep their fingerprints
         del data["labeller"]
     for section in ("user_model", "analyst", "labeller", "builder", "reviewer"):  # nor do timeouts, retries, prices
-        for key in ("timeout", "retries", "price_in_per_mtok", "price_out_per_mtok"):
+        for key in ("timeout", "deadline", "retries", "price_in_per_mtok", "price_out_per_mtok"):
             (data.get(section) or {}).pop(key, None)
         if data.get(section) and data[section].get("lora") is None:  # a field added later: runs made before keep
             data[section].pop("lora", None)                       # their fingerprints

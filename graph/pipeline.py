@@ -169,7 +169,7 @@ class Pipeline:
         out = self.it(s) / "rollouts"
         trajs = rollout(bench, policy, self._task_ids(cfg.rollout_split, cfg.rollout_tasks), TrajectoryStore(out),
                         trials=cfg.trials, concurrency=cfg.agent.concurrency, split=cfg.rollout_split,
-                        passed_threshold=cfg.passed_threshold)
+                        passed_threshold=cfg.passed_threshold, step_timeout_s=cfg.agent.step_timeout)
         figs = next(iter(write_report(trajs, out, title=f"{policy.name} on {bench.name} [{cfg.rollout_split}]")
                          ["groups"].values()))
         return {"rollout_figures": [{"iteration": s.get("iteration", 0), "model": policy.name, "passed": figs["passed"],
@@ -349,7 +349,7 @@ class Pipeline:
             results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
                                self.it(s) / "eval", split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                                skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
-                               concurrency=cfg.agent.concurrency, capabilities=[
+                               concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout, capabilities=[
                                    c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
                                    if c.status == "APPROVED"])
         finally:

@@ -146,3 +146,55 @@ def test_servers_that_apply_a_lora_are_stopped_and_the_others_kept(monkeypatch):
     monkeypatch.setattr(llm_mod, "_servers", {("m", 2048, "agent", None): base, ("m", 2048, "agent", "/ad/a"): adapter})
     assert llm_mod.stop_lora_endpoints() == 1
     assert adapter.stopped and not base.stopped and list(llm_mod._servers) == [("m", 2048, "agent", None)]
+
+
+@pytest.mark.parametrize("behaviour", ["hang", "drip"])
+def test_an_endpoint_that_hangs_or_drips_fails_the_request_at_its_deadline(behaviour):
+    """A server that answers nothing, or one byte every 0.3 s (which never trips a read timeout), holds a
+    request for its deadline, not for 600 s x 3; the next request gets a fresh client."""
+    import socket
+    import threading
+    import time
+
+    from trace_rl.core.llm import LLM, LLMConfig, RequestDeadlineError
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.recv(65536)
+            if behaviour == "drip":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.is_set():
+                    with suppress_errors():
+                        conn.sendall(b" ")
+                    time.sleep(0.3)
+            else:
+                stop.wait(10)
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    llm = LLM(LLMConfig(model="m", base_url=f"http://127.0.0.1:{srv.getsockname()[1]}/v1", timeout=2, deadline=1.5,
+                        retries=0))
+    try:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            with pytest.raises(RequestDeadlineError, match="1.5 s deadline"):
+                llm.chat([{"role": "user", "content": "hi"}])
+            assert time.perf_counter() - t0 < 4
+    finally:
+        stop.set()
+        srv.close()
+
+
+def suppress_errors():
+    import contextlib
+
+    return contextlib.suppress(OSError)

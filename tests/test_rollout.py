@@ -245,3 +245,23 @@ def test_mean_reward_interval_resamples_tasks_and_brackets_the_mean():
     lo, hi = mean_ci(rewards)
     assert lo < 0.475 < hi and 0.3 < lo and hi < 0.65
     assert mean_ci(rewards) == (lo, hi)  # fixed seed
+
+
+@pytest.mark.parametrize("field,value", [("reward", "1"), ("reward", float("nan")), ("passed", "yes"),
+                                         ("messages", ["hello"]), ("trial", None), ("reasons", [])])
+def test_a_stored_line_of_the_wrong_shape_is_quarantined_and_its_episode_redone(tmp_path, field, value):
+    """A line that is JSON but not a trajectory (a string reward, NaN, bare-string messages...) would crash a
+    later stage: it is quarantined like garbage, and the resume plays that episode again."""
+    b = TaggedTelecom()
+    store = TrajectoryStore(tmp_path)
+    rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:2]], store, progress=False)
+    lines = store.path.read_text().splitlines()
+    d = json.loads(lines[0])
+    d[field] = value
+    lines[0] = json.dumps(d)
+    store.path.write_text("\n".join(lines) + "\n")
+    logged = []
+    again = TrajectoryStore(tmp_path, log=logged.append)
+    assert len(again) == 1 and len(logged) == 1
+    trajs = rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:2]], again, progress=False)
+    assert [t.passed for t in trajs] == [True, True] and len(TrajectoryStore(tmp_path)) == 2

@@ -32,9 +32,11 @@ from typing import Callable
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from trace_rl.core.episode import Guarded
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.llm import Reply, parse_tool_calls
 from trace_rl.core.trajectory import Trajectory, TrajectoryStore
+from trace_rl.evals.benchmark import hinted_episode
 from trace_rl.training.engine import Engine, Request, stop_ids
 from trace_rl.training.hf_policy import encode, env_turn_ids, render
 
@@ -104,7 +106,7 @@ class TokenRollout:
         self.stops = stop_ids(tokenizer)
 
     def _start(self, task_id: str, hinted: bool):
-        ep = self.bench.episode(task_id, hinted=hinted)
+        ep = Guarded(lambda: hinted_episode(self.bench, task_id, hinted))  # a plugin's hang, SystemExit: an error
         obs = ep.reset()
         plain = ep.plain_system_prompt or ep.system_prompt
         ids = lambda system: encode(self.tok, render(self.tok, [{"role": "system", "content": system}, *obs.messages],
