@@ -305,7 +305,8 @@ class LLM:
         """`request()` in a thread, waited for at most the deadline: a server that sends a byte every few
         seconds never trips the read timeout. Past the deadline the client is closed (which breaks the stuck
         socket and ends the thread) and a fresh one serves the next request."""
-        deadline = self.config.deadline or self._openai().timeout.read or 600.0
+        timeout = self._openai().timeout  # the float given to the client, or an httpx.Timeout
+        deadline = self.config.deadline or getattr(timeout, "read", timeout) or 600.0
         box: dict = {}
 
         def run():

@@ -198,3 +198,35 @@ def suppress_errors():
     import contextlib
 
     return contextlib.suppress(OSError)
+
+
+def test_a_request_without_a_deadline_is_answered():
+    """The deadline defaults to the client's timeout: an endpoint that answers at once is answered."""
+    import json as _json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from trace_rl.core.llm import LLM, LLMConfig
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = _json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    srv = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        reply = LLM(LLMConfig(model="m", base_url=f"http://127.0.0.1:{srv.server_port}/v1", timeout=30)).chat(
+            [{"role": "user", "content": "hi"}])
+        assert reply.content == "hello" and reply.prompt_tokens == 3
+    finally:
+        srv.shutdown()
