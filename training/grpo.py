@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -402,7 +403,9 @@ class CapabilityGRPO:
             trainer.state = TrainerState.load_from_json(str(Path(last) / "trainer_state.json"))
         else:
             trainer.train(resume_from_checkpoint=last)
-        log = [r for r in trainer.state.log_history if "reward" in r]
+        # a skipped step's grad_norm is NaN (its `skipped_nonfinite_grad` says so): logged as null, since JSON has no NaN
+        log = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
+               for r in trainer.state.log_history if "reward" in r]
         adapter, curve = self.out / "adapter", self.out / "curve.png"
         trainer.accelerator.wait_for_everyone()
         if trainer.accelerator.is_main_process:  # rank 0 writes the results
@@ -467,8 +470,8 @@ def plot_curve(log: list[dict], path: Path, title: str) -> None:
     fig, axes = subplots(1, 3, figsize=(11, 3.2))
     for key, label in [("reward", "reward"), ("rewards/env_success/mean", "success")]:
         axes[0].plot(steps, [r.get(key, float("nan")) for r in log], marker=".", label=label)
-    axes[0].fill_between(steps, [r.get("reward", 0) - r.get("reward_std", 0) for r in log],
-                         [r.get("reward", 0) + r.get("reward_std", 0) for r in log], alpha=0.15)
+    mean, std = [r.get("reward") or 0 for r in log], [r.get("reward_std") or 0 for r in log]  # null: not finite
+    axes[0].fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.15)
     axes[0].set_ylim(-0.05, 1.05)
     axes[0].legend(fontsize=8)
     kl = [(x, r["kl_to_base"]) for x, r in zip(steps, log) if "kl_to_base" in r]  # every kl_every steps
