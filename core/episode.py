@@ -112,6 +112,11 @@ def _messages(value, where: str) -> list[dict]:
     return value
 
 
+def _is_episode(obj) -> bool:
+    """An Episode, or an object shaped like one (the protocol is duck-typed: reset, step, score)."""
+    return isinstance(obj, Episode) or all(callable(getattr(obj, m, None)) for m in ("reset", "step", "score"))
+
+
 class Guarded(Episode):
     """Any episode behind the plugin boundary: every call runs under a deadline (a hung one ends as
     env_timeout; its thread is abandoned, daemonic), an exception of any kind (SystemExit too) or a value of
@@ -158,9 +163,9 @@ class Guarded(Episode):
         return Observation(_messages(obs.messages, f"{what}()"), bool(obs.done), obs.reason)
 
     def reset(self) -> Observation:
-        if not isinstance(self.inner, Episode):
+        if not _is_episode(self.inner):
             made = self._call("episode", self.inner)
-            if not isinstance(made, Episode):
+            if not _is_episode(made):
                 raise EpisodeFault("env_error", f"episode() returned {type(made).__name__}, not an Episode")
             self.inner = made
         obs = self._observation(self._call("reset", self.inner.reset), "reset")
@@ -190,7 +195,7 @@ class Guarded(Episode):
         return Score(float(reward), score.passed, score.reasons)
 
     def close(self) -> None:
-        if not isinstance(self.inner, Episode):
+        if not _is_episode(self.inner):
             return  # never made
         try:
             self._call("close", self.inner.close, timeout=min(self.timeout_s, 30.0))
