@@ -240,6 +240,18 @@ def test_hostile_calls_execute_nothing_and_get_an_error_result(gold, benches):
 
 
 @needs_venv
+def test_bfcls_step_limit_ends_a_turn_after_21_replies_with_calls(gold, benches):
+    """Whole task: the turn that reaches the limit ends the task, which BFCL fails as force-terminated.
+    Per turn: the forced end of its only turn is checked as it stands (the right calls pass, as in BFCL)."""
+    pwd = Reply(content="", tool_calls=[ToolCall("pwd", {})])
+    traj = play(benches("task"), "multi_turn_base_0", [pwd] * 30, ScriptedLLM([]))
+    assert (traj.steps, traj.termination, traj.reasons["error_type"]) == (21, "max_steps", "multi_turn:force_terminated")
+    script = [*gold_script([gold["multi_turn_base_0"][0]])[:1], *[pwd] * 25]
+    traj = play(benches("per_turn"), "multi_turn_base_0.turn0", script, ScriptedLLM([]))
+    assert (traj.steps, traj.termination, traj.passed) == (21, "max_steps", True)
+
+
+@needs_venv
 def test_calls_that_do_not_decode_run_nothing_and_end_the_turn(benches):
     """BFCL executes nothing of a reply it cannot decode and moves on to the next turn."""
     bench = benches("task")
