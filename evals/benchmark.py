@@ -93,7 +93,10 @@ def hinted_episode(bench: Benchmark, task_id: str, hinted: bool) -> Episode:
 
 
 _REGISTRY: dict[str, Callable[..., Benchmark]] = {}
-BUILTIN = {"tau2": "trace_rl.evals.tau2_bench:tau2_benchmark"}  # prefix -> module:factory shipped with trace-rl
+BUILTIN = {  # prefix -> module:factory shipped with trace-rl
+    "tau2": "trace_rl.evals.tau2_bench:tau2_benchmark",
+    "bfcl": "trace_rl.evals.bfcl:bfcl_benchmark",
+}
 ENTRY_POINTS = "trace_rl.benchmarks"
 
 
