@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from trace_rl import prompts
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.llm import LLM, ReplyError, StructuredOutputError
+from trace_rl.models.chat import ReplyError, StructuredOutputError
+from trace_rl.models.llm import LLM
 from trace_rl.core.records import CapabilityRecord
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.facts import FACTS, facts_summary, hollow, render_facts, trajectory_facts

@@ -24,7 +24,7 @@ from trace_rl.agents import env_patterns
 from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, repair_in_sandbox, suggest_behaviour
 from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
-from trace_rl.core.llm import ReplyError, StructuredOutputError
+from trace_rl.models.chat import ReplyError, StructuredOutputError
 from trace_rl.core.records import PATTERN_NOTE, EnvRecord, TrainedOn
 
 

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from trace_rl.agents.env_spec import READ_VERBS, EnvSpec, suggest_behaviour
-from trace_rl.core.llm import extract_json
+from trace_rl.models.chat import extract_json
 
 
 class PatternError(ValueError):

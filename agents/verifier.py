@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
-from trace_rl.core.llm import StructuredOutputError
+from trace_rl.models.chat import StructuredOutputError
 from trace_rl.core.reward import SUCCESS_THRESHOLD
 from trace_rl.sandbox import contract
 from trace_rl.sandbox.session import Sandbox, SandboxError, SessionLimits, SessionPool, open_session

@@ -117,7 +117,7 @@ def main():
     if args.compare:
         return compare(args.compare)
     if args.tokenizer is None:
-        from trace_rl.core.models import hf_checkpoint
+        from trace_rl.models.weights import hf_checkpoint
 
         args.tokenizer = str(hf_checkpoint("qwen2.5-coder-0.5b"))
     args.workdir = f"{args.workdir}/p{os.environ.get('WORLD_SIZE', '1')}"

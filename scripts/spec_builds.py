@@ -14,7 +14,7 @@ from pathlib import Path
 from trace_rl.agents.env_builder import Target, synthesize
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.io import atomic_write_json, atomic_write_text
-from trace_rl.core.llm import LLM, LLMConfig
+from trace_rl.models.llm import LLM, LLMConfig
 from trace_rl.evals.benchmark import load_benchmark
 
 CAPABILITIES = [

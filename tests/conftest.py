@@ -3,7 +3,7 @@ import shutil
 
 import pytest
 
-from trace_rl.core.models import cache_dir
+from trace_rl.core.io import cache_dir
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # the servers tests start keep their prompt states apart from the user's (which tests never write or prune),
@@ -30,7 +30,7 @@ def sandbox_image():
 @pytest.fixture(scope="session")
 def qwen05_server():
     """One llama.cpp server for the embedded Qwen2.5-Coder-0.5B for the whole session."""
-    from trace_rl.core.server import LlamaServer
+    from trace_rl.models.llama_server import LlamaServer
 
     with LlamaServer("qwen2.5-coder-0.5b", n_ctx=4096) as srv:
         yield srv

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from trace_rl.core.llm import LLM, LLMConfig, Reply, ToolCall
+from trace_rl.models.chat import Reply, ToolCall
+
+from trace_rl.models.llm import LLM, LLMConfig
 
 
 class ScriptedLLM(LLM):

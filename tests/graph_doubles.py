@@ -11,7 +11,7 @@ from pathlib import Path
 
 from doubles import ScriptedLLM, labels_answer
 from tiny import tiny_model, tiny_tokenizer
-from trace_rl.core.llm import Reply, ToolCall
+from trace_rl.models.chat import Reply, ToolCall
 from trace_rl.evals.benchmark import Benchmark, Episode, Observation, Score, Task, register
 
 CITIES = {f"u{i}": c for i, c in enumerate(["Paris", "Lima", "Oslo", "Rome", "Kyiv", "Baku", "Doha", "Riga"])}

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from doubles import ScriptedLLM
-from trace_rl.core.llm import ToolCall
+from trace_rl.models.chat import ToolCall
 from trace_rl.evals.benchmark import load_benchmark
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.rollout import rollout

@@ -4,7 +4,7 @@ import torch
 
 from tiny import LetterEpisode, tiny_model, tiny_tokenizer
 from trace_rl.training.compose import Composition, compose, gate_examples, load
-from trace_rl.training.hf_policy import HFPolicy, assistant_labels
+from trace_rl.models.hf_policy import HFPolicy, assistant_labels
 from trace_rl.training.moe import Adapter, LoRAMoE
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -62,7 +62,7 @@ def test_assistant_labels_cover_exactly_the_assistant_turns():
                    {"role": "tool", "tool_call_id": "c", "content": '{"city": "Oslo"}'},
                    {"role": "assistant", "content": "It is Oslo."}]
     ids, labels = assistant_labels(tok, msgs, LetterEpisode.tools)
-    from trace_rl.training.hf_policy import encode, render
+    from trace_rl.models.hf_policy import encode, render
 
     assert ids == encode(tok, render(tok, msgs, LetterEpisode.tools))
     trained = tok.decode([i for i, l in zip(ids, labels) if l != -100])
@@ -193,7 +193,7 @@ def test_classifier_router_picks_the_planted_adapter_with_the_embedded_model():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_rl.training.compose import ClassifierRouter
-    from trace_rl.core.models import hf_checkpoint
+    from trace_rl.models.weights import hf_checkpoint
 
     path = hf_checkpoint("qwen2.5-coder-1.5b")
     model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)

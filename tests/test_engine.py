@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from tiny import routing_fractions, tiny_model, tiny_tokenizer
-from trace_rl.training.engine import Batcher, Engine, Request
-from trace_rl.training.hf_policy import encode, render
+from trace_rl.models.engine import Batcher, Engine, Request
+from trace_rl.models.hf_policy import encode, render
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +218,7 @@ def test_a_group_of_identical_long_prompts_fits_by_what_it_really_feeds(model, t
 
 
 def test_a_cache_that_cannot_grow_leaves_the_engine_as_it_was(model, tok, monkeypatch):
-    import trace_rl.training.engine as engine_mod
+    import trace_rl.models.engine as engine_mod
 
     eng = Engine(model, tok, rows=2, max_len=64)
     real = engine_mod.RowCache
@@ -237,7 +237,7 @@ def test_a_grammar_holds_each_row_to_its_schema_and_leaves_free_rows_greedy(mode
     more requests than rows (the batch is split)."""
     import json
 
-    from trace_rl.training.grammar import Grammars
+    from trace_rl.models.grammar import Grammars
 
     schema = {"type": "object", "additionalProperties": False, "required": ["zeta", "city", "n"],
               "properties": {"zeta": {"type": "boolean"}, "city": {"enum": ["Paris", "Lima", "Oslo"]},
@@ -273,7 +273,7 @@ def test_a_grammar_holds_each_row_to_its_schema_and_leaves_free_rows_greedy(mode
 def test_a_token_the_matcher_refuses_ends_the_row_before_it_is_fed(model, tok):
     """Should the mask and the matcher ever disagree, the refused token is not in the reply, and the row's
     record holds exactly what was fed: a continuation of it is still the model's argmax."""
-    from trace_rl.training.grammar import Grammars
+    from trace_rl.models.grammar import Grammars
 
     eng = Engine(model, tok, rows=2, max_len=512)
     real = Grammars(tok, eng.vocab_size, sorted(eng.stop_set)).matcher({"type": "object"})
@@ -296,7 +296,7 @@ def test_a_token_the_matcher_refuses_ends_the_row_before_it_is_fed(model, tok):
 
 
 def test_the_two_stage_argmax_is_the_argmax():
-    from trace_rl.training.engine import _argmax
+    from trace_rl.models.engine import _argmax
 
     g = torch.Generator().manual_seed(0)
     for v in (151936, 1000, 130, 7):  # divisible by the chunks, not, fewer than them

@@ -1,4 +1,4 @@
-"""Stacked projections (training/fuse.py): the same outputs as the separate projections, for a
+"""Stacked projections (models/fuse.py): the same outputs as the separate projections, for a
 plain model, a peft LoRA and the routed MoE; gradients still reach trainable weights."""
 import copy
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiny import tiny_model, tiny_tokenizer
-from trace_rl.training.fuse import fuse_projections
+from trace_rl.models.fuse import fuse_projections
 from trace_rl.training.moe import Adapter, LoRAMoE
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -116,7 +116,7 @@ def test_a_replaced_weight_is_stacked_again_on_the_next_call(model, ids):
 def test_a_thin_product_is_the_same_written_as_a_sum_while_compiling(rows):
     """small_matmul: a multiply-sum for <= SUM_ROWS rows under compilation, addmm/linear otherwise;
     both are `plus + a @ w.T`, with a 1-D plus (a bias) or a full one (the residual)."""
-    from trace_rl.training.fuse import SUM_ROWS, small_matmul
+    from trace_rl.models.fuse import SUM_ROWS, small_matmul
 
     torch.compiler.reset()  # a fresh compile per case (one code object, several shapes)
     g = torch.Generator().manual_seed(0)

@@ -7,7 +7,7 @@ import torch
 
 from tiny import LetterBench, tiny_model, tiny_tokenizer
 from trace_rl.training.grpo import PRESETS, CapabilityGRPO, TokenRollout, hinted_slots
-from trace_rl.training.hf_policy import encode
+from trace_rl.models.hf_policy import encode
 
 CALL = '<tool_call>\n{"name": "get_user", "arguments": {"user_id": "u1"}}\n</tool_call>'
 

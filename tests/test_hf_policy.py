@@ -19,9 +19,9 @@ def test_llama_cpp_renders_a_tool_conversation_as_transformers_does(monkeypatch)
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     from tiny import tiny_tokenizer
-    from trace_rl.core.models import gguf_path
-    from trace_rl.core.server import render_tool_arguments_as_objects
-    from trace_rl.training.hf_policy import render
+    from trace_rl.models.weights import gguf_path
+    from trace_rl.models.llama_server import render_tool_arguments_as_objects
+    from trace_rl.models.hf_policy import render
 
     field = GGUFReader(gguf_path("qwen2.5-coder-0.5b")).fields["tokenizer.chat_template"]
     template = bytes(field.parts[field.data[0]]).decode()
@@ -53,8 +53,8 @@ def test_in_process_policy_with_lora_runs_an_episode(tmp_path, sandbox_image):
 
     from trace_rl.agents.base_agent import run_episode
     from trace_rl.evals.synthetic import SyntheticBenchmark
-    from trace_rl.training.hf_policy import HFPolicy
-    from trace_rl.core.models import hf_checkpoint
+    from trace_rl.models.hf_policy import HFPolicy
+    from trace_rl.models.weights import hf_checkpoint
 
     base = AutoModelForCausalLM.from_pretrained(hf_checkpoint("smollm2-135m"))
     get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])).save_pretrained(
@@ -71,7 +71,7 @@ def test_in_process_policy_with_lora_runs_an_episode(tmp_path, sandbox_image):
 def test_a_second_turn_reuses_the_first_and_answers_as_a_fresh_model():
     """The second turn continues the first turn's cache row and must decode exactly as a fresh model."""
     from tiny import LetterEpisode, tiny_model, tiny_tokenizer
-    from trace_rl.training.hf_policy import HFPolicy
+    from trace_rl.models.hf_policy import HFPolicy
 
     tok = tiny_tokenizer()
     model = tiny_model(tok)
@@ -87,7 +87,7 @@ def test_a_second_turn_reuses_the_first_and_answers_as_a_fresh_model():
 
 def test_templates_without_tools_get_them_as_text():
     from tiny import LetterEpisode, tiny_tokenizer
-    from trace_rl.training.hf_policy import render
+    from trace_rl.models.hf_policy import render
 
     call = {"id": "c1", "type": "function", "function": {"name": "get_user", "arguments": '{"user_id": "u1"}'}}
     text = render(tiny_tokenizer(), [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},

@@ -3,7 +3,7 @@ import pytest
 from pydantic import BaseModel
 
 from doubles import ScriptedLLM
-from trace_rl.core.llm import StructuredOutputError, extract_json, parse_tool_calls
+from trace_rl.models.chat import StructuredOutputError, extract_json, parse_tool_calls
 
 NAMES = {"get_user", "done"}
 
@@ -72,7 +72,7 @@ def test_chat_recovers_tool_call_from_text():
 @pytest.mark.ci
 @pytest.mark.slow
 def test_real_served_model_returns_parsed_tool_call(qwen05_server):
-    from trace_rl.core.llm import LLM
+    from trace_rl.models.llm import LLM
 
     llm = LLM(model=qwen05_server.model_name, base_url=qwen05_server.base_url, max_tokens=64)
     tools = [{"type": "function", "function": {
@@ -134,18 +134,28 @@ def test_extract_json_escapes_a_small_models_inner_quotes_and_newlines():
 
 
 def test_servers_that_apply_a_lora_are_stopped_and_the_others_kept(monkeypatch):
-    import trace_rl.core.llm as llm_mod
+    import trace_rl.models.llm as llm_mod
+    from trace_rl.models.endpoints import Endpoints
 
     class Srv:
         stopped = False
 
+        def start(self):
+            return self
+
         def stop(self):
             self.stopped = True
 
-    base, adapter = Srv(), Srv()
-    monkeypatch.setattr(llm_mod, "_servers", {("m", 2048, "agent", None): base, ("m", 2048, "agent", "/ad/a"): adapter})
+    base, adapter, engine = Srv(), Srv(), Srv()
+    registry = Endpoints()
+    monkeypatch.setattr(llm_mod, "ENDPOINTS", registry)
+    for key, srv in ((("llama.cpp", "m", 2048, "agent", None), base), (("llama.cpp", "m", 2048, "agent", "/ad/a"), adapter),
+                     (("hf", "m"), engine)):
+        assert registry.get(key, lambda srv=srv: srv) is srv
+    assert registry.get(("hf", "m"), lambda: Srv()) is engine  # started once per key
     assert llm_mod.stop_lora_endpoints() == 1
-    assert adapter.stopped and not base.stopped and list(llm_mod._servers) == [("m", 2048, "agent", None)]
+    assert adapter.stopped and not base.stopped and not engine.stopped
+    assert registry.get(("llama.cpp", "m", 2048, "agent", "/ad/a"), lambda: adapter) is adapter  # started again
 
 
 @pytest.mark.parametrize("behaviour", ["hang", "drip"])
@@ -156,7 +166,8 @@ def test_an_endpoint_that_hangs_or_drips_fails_the_request_at_its_deadline(behav
     import threading
     import time
 
-    from trace_rl.core.llm import LLM, LLMConfig, RequestDeadlineError
+    from trace_rl.models.chat import RequestDeadlineError
+    from trace_rl.models.llm import LLM, LLMConfig
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -206,7 +217,7 @@ def test_a_request_without_a_deadline_is_answered():
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from trace_rl.core.llm import LLM, LLMConfig
+    from trace_rl.models.llm import LLM, LLMConfig
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):

@@ -3,9 +3,9 @@ import json
 
 import numpy as np
 import pytest
-from trace_rl.core import lora_gguf
-from trace_rl.core.lora_gguf import LoraConversionError, gguf_lora
-from trace_rl.core.models import gguf_path, hf_checkpoint
+from trace_rl.models import lora_gguf
+from trace_rl.models.lora_gguf import LoraConversionError, gguf_lora
+from trace_rl.models.weights import gguf_path, hf_checkpoint
 
 TEXT = "The agent must look up the customer's account before changing the plan, then confirm the change."
 
@@ -104,7 +104,7 @@ def test_adapters_without_a_llama_cpp_form_are_refused_with_the_reason(smollm, t
 @pytest.mark.slow
 @pytest.mark.ci
 def test_an_agent_with_lora_is_served_by_llama_cpp_with_the_adapter_applied(smollm, tmp_path):
-    from trace_rl.core.llm import LLM
+    from trace_rl.models.llm import LLM
 
     random_adapter(smollm, ["q_proj", "v_proj", "o_proj", "down_proj"], 0.3, tmp_path / "strong")
     ask = [{"role": "user", "content": "Name three colours."}]

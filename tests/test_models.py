@@ -2,7 +2,8 @@ import shutil
 
 import pytest
 
-from trace_rl.core import models
+from trace_rl.core.io import CACHE_ENV
+from trace_rl.models import weights as models
 
 
 def test_registry_has_the_three_default_models():
@@ -23,7 +24,7 @@ def test_unknown_model_error_names_the_choices():
 def test_corrupt_model_is_refused_and_rebuilt(tmp_path, monkeypatch):
     m = models.get_model("smollm2-135m")
     src = models.gguf_path(m.name)  # the verified file in the real cache
-    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     dst = models.models_dir() / m.filename
     dst.parent.mkdir(parents=True)
     shutil.copyfile(src, dst)
@@ -80,7 +81,7 @@ def test_server_ends_when_its_parent_is_killed():
     import sys
     import time
 
-    code = ("from trace_rl.core.server import LlamaServer\n"
+    code = ("from trace_rl.models.llama_server import LlamaServer\n"
             "s = LlamaServer('smollm2-135m', n_ctx=512).start()\n"
             "print(s.proc.pid, flush=True)\nimport time; time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -1,7 +1,7 @@
 """Long prompts' llama.cpp states kept on disk between servers: restored, they give the same outputs."""
 import pytest
-from trace_rl.core.llm import LLM
-from trace_rl.core.server import LlamaServer
+from trace_rl.models.llm import LLM
+from trace_rl.models.llama_server import LlamaServer
 
 POLICY = "You are a careful support agent. " + " ".join(f"Rule {i}: check the record of item {i} first." for i in range(60))
 
@@ -20,7 +20,7 @@ def test_long_prompt_states_outlast_newer_short_ones():
     the slots keep the newest, the other half the longest of the rest (τ²'s 10k-token prompts)."""
     from pathlib import Path
 
-    from trace_rl.core.server import states_to_keep
+    from trace_rl.models.llama_server import states_to_keep
 
     newest_first = [(Path("labels-3"), [0] * 3000), (Path("labels-2"), [0] * 3500), (Path("ticket-b"), [0] * 9919),
                     (Path("labels-1"), [0] * 2500), (Path("ticket-a"), [0] * 9900)]
@@ -73,7 +73,7 @@ def test_the_prompt_state_cache_drops_least_recently_used_folders_over_its_budge
     in use, and nothing goes while the cache fits."""
     import os
 
-    from trace_rl.core.server import prune_prompt_states
+    from trace_rl.models.llama_server import prune_prompt_states
 
     folders = {}
     for age, name in enumerate(["adapter-c", "adapter-b", "adapter-a", "current"]):  # c oldest
@@ -94,8 +94,8 @@ def test_the_prompt_state_cache_drops_least_recently_used_folders_over_its_budge
 
 def test_flash_attention_is_opt_in_and_keeps_its_own_prompt_states(tmp_path, monkeypatch):
     """Off by default: under it a reply depends on how the prompt was split between cached and new tokens."""
-    from trace_rl.core.models import gguf_path
-    from trace_rl.core.server import PromptStates
+    from trace_rl.models.weights import gguf_path
+    from trace_rl.models.llama_server import PromptStates
 
     monkeypatch.delenv("TRACE_RL_FLASH_ATTN", raising=False)
     cmd = server(None).command()

@@ -11,7 +11,7 @@ from pathlib import Path
 from doubles import ScriptedLLM, endpoint_error
 from tau2_gold import gold_actions
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.core.llm import Reply, ToolCall
+from trace_rl.models.chat import Reply, ToolCall
 from trace_rl.evals.benchmark import load_benchmark
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.rollout import rollout

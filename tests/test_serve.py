@@ -6,10 +6,11 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from tiny import tiny_model, tiny_tokenizer
-from trace_rl.core.llm import LLM, LLMConfig, is_context_length_error
-from trace_rl.core.server import free_port
-from trace_rl.training.hf_policy import HFPolicy
-from trace_rl.training.serve import make_handler
+from trace_rl.models.chat import is_context_length_error
+from trace_rl.models.llm import LLM, LLMConfig
+from trace_rl.models.endpoints import free_port
+from trace_rl.models.hf_policy import HFPolicy
+from trace_rl.models.engine_server import make_handler
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_a_request_beyond_the_model_is_a_context_length_error(server):
 
 def test_the_server_runs_as_a_child_process_and_stops(tmp_path):
     from tiny import save_tiny
-    from trace_rl.training.serve import HFServer
+    from trace_rl.models.engine_server import HFServer
 
     path = save_tiny(tmp_path / "tiny")
     with HFServer(str(path), rows=2, max_len=512) as srv:
@@ -74,7 +75,7 @@ def test_the_server_runs_as_a_child_process_and_stops(tmp_path):
 def test_schema_prefix_opens_the_asked_object_in_both_request_forms():
     from pydantic import BaseModel
 
-    from trace_rl.training.serve import schema_prefix
+    from trace_rl.models.engine_server import schema_prefix
 
     class Candidates(BaseModel):
         capabilities: list[str]
@@ -107,7 +108,7 @@ def test_a_structured_request_is_decoded_to_its_schema(server):
 
 
 def test_without_xgrammar_a_structured_reply_is_started_with_the_schema_prefix(server, monkeypatch):
-    from trace_rl.training import grammar
+    from trace_rl.models import grammar
 
     _, policy = server
     monkeypatch.setattr(grammar, "available", lambda: False)

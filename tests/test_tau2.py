@@ -129,9 +129,9 @@ def test_grpo_plays_a_telecom_task_turn_by_turn_and_tau2_scores_it_as_the_gold_r
     import json
 
     from tiny import tiny_tokenizer
-    from trace_rl.training.engine import stop_ids
+    from trace_rl.models.engine import stop_ids
     from trace_rl.training.grpo import PRESETS, TokenRollout
-    from trace_rl.training.hf_policy import encode
+    from trace_rl.models.hf_policy import encode
 
     bench = load_benchmark("tau2:telecom")
     tid = bench.tasks("test")[task_index].id

@@ -84,7 +84,7 @@ def test_synthetic_episode_runs_the_base_agent_loop(sandbox_image):
 
     from doubles import ScriptedLLM
     from trace_rl.agents.base_agent import run_episode
-    from trace_rl.core.llm import Reply, ToolCall
+    from trace_rl.models.chat import Reply, ToolCall
     from trace_rl.evals.synthetic import SyntheticEpisode
     from trace_rl.sandbox.session import EnvSession
 

@@ -20,8 +20,8 @@ import torch
 
 from trace_rl import prompts
 from trace_rl.core.trajectory import TrajectoryStore
-from trace_rl.training.engine import Engine
-from trace_rl.training.hf_policy import HFPolicy, assistant_labels, encode, render
+from trace_rl.models.engine import Engine
+from trace_rl.models.hf_policy import HFPolicy, assistant_labels, encode, render
 from trace_rl.training.moe import Adapter, LoRAMoE, train_gates
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -4,7 +4,7 @@ trl's GRPOTrainer does the optimisation (clipped objective, DAPO ε-high, no KL 
 default, checkpoints, TensorBoard); our `rollout_func` plays whole multi-turn tool episodes:
 
 - the episodes of a step run in lockstep, one batched turn at a time in the static-cache engine
-  (training/engine.py: caches kept between turns, the group's prompt computed once, the decode
+  (models/engine.py: caches kept between turns, the group's prompt computed once, the decode
   step one CUDA graph on a GPU), or trl's vLLM generation (`use_vllm`);
 - the model's own tokens are kept exactly as sampled; tool results and the next turn's
   header are rendered by the chat template and masked from the loss (`env_mask`);
@@ -35,11 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trace_rl.core.episode import Guarded
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.llm import Reply, parse_tool_calls
 from trace_rl.core.trajectory import Trajectory, TrajectoryStore
 from trace_rl.evals.benchmark import hinted_episode
-from trace_rl.training.engine import Engine, Request, stop_ids
-from trace_rl.training.hf_policy import encode, env_turn_ids, render
+from trace_rl.models.chat import Reply, parse_tool_calls
+from trace_rl.models.engine import Engine, Request, stop_ids
+from trace_rl.models.hf_policy import encode, env_turn_ids, render
 
 
 class GRPOSettings(BaseModel):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trace_rl.core.io import atomic_write, atomic_write_json
-from trace_rl.training.fuse import small_matmul
+from trace_rl.models.fuse import small_matmul
 
 BASE_BIAS = 5.0
 

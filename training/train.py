@@ -16,8 +16,8 @@ from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.report import summarize
 from trace_rl.evals.rollout import rollout
 from trace_rl.evals.synthetic import SyntheticBenchmark
+from trace_rl.models.hf_policy import HFPolicy
 from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings, adapter_changed, plot_curve
-from trace_rl.training.hf_policy import HFPolicy
 
 HELDOUT_START = 10**6  # held-out seeds start here: disjoint from the training seeds
 

@@ -8,93 +8,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trace_rl.core.episode import template_messages
-from trace_rl.core.io import atomic_write, atomic_write_text
-from trace_rl.core.models import MODELS, cache_dir, gguf_path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class ServerProcess:
-    """An OpenAI-compatible server in a child process that exits with this one; a context manager.
-    Subclasses say what to run (`command`) and under which name it answers (`model_name`)."""
-
-    model: str  # embedded model name or path
-    port: int = 0  # 0 picks a free port
-    host: str = "127.0.0.1"
-    startup_timeout: float = 180.0
-    proc: subprocess.Popen | None = field(default=None, repr=False)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def model_name(self) -> str:
-        return Path(self.model).stem
-
-    def command(self) -> list[str]:
-        raise NotImplementedError
-
-    def start(self) -> "ServerProcess":
-        self.port = self.port or free_port()
-        cmd = self.command()
-        self.log_path = log_path = cache_dir() / "logs" / f"{type(self).__name__}-{self.port}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._log.close()
-                raise RuntimeError(f"{type(self).__name__} for {self.model} exited with {self.proc.returncode}; "
-                                   f"log: {log_path}\n{log_path.read_text()[-3000:]}")
-            if self.healthy():
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"{type(self).__name__} for {self.model} not healthy after {self.startup_timeout}s; "
-                           f"log: {log_path}")
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-        self.proc = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+from trace_rl.core.io import atomic_write, atomic_write_text, cache_dir
+from trace_rl.models.endpoints import ServerProcess, exit_with_parent
+from trace_rl.models.weights import MODELS, gguf_path
 
 
 def default_prompt_states() -> Path | None:
@@ -108,7 +30,7 @@ class LlamaServer(ServerProcess):
 
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
-    lora: str | Path | None = None  # a GGUF LoRA (core.lora_gguf) applied on top of the model
+    lora: str | Path | None = None  # a GGUF LoRA (models/lora_gguf.py) applied on top of the model
     # flash attention ($TRACE_RL_FLASH_ATTN=1): reads τ²'s 5-10k-token prompts 1.5x as fast on 2 cores, decodes
     # 0.86x as fast (benchmarks/llama_cpu.py); but greedy replies then depend on how a prompt was split between
     # cached and new tokens, so a resumed or cached run could answer differently. Off: they never do (tested)
@@ -128,7 +50,7 @@ class LlamaServer(ServerProcess):
         chat_format = MODELS[self.model].chat_format if self.model in MODELS else None  # None: the GGUF's template
         states = [f"--prompt-states={self.prompt_states}", f"--prompt-state-min-tokens={self.prompt_state_min_tokens}"] \
             if self.prompt_states else []
-        return [sys.executable, "-m", "trace_rl.core.server", str(os.getpid()), *states, "--model", str(path), "--model_alias",
+        return [sys.executable, "-m", "trace_rl.models.llama_server", str(os.getpid()), *states, "--model", str(path), "--model_alias",
                 self.model_name, "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.n_ctx),
                 "--n_threads", str(self.n_threads), "--flash_attn", str(self.flash_attn).lower()] \
             + (["--chat_format", chat_format] if chat_format else []) \
@@ -297,16 +219,6 @@ def prune_prompt_states(root: Path, current: Path, budget_gb: float | None = Non
     return removed
 
 
-def exit_with_parent(parent: int) -> None:
-    """End this process as soon as `parent` is gone (even if it was SIGKILLed): no orphan server."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def render_tool_arguments_as_objects() -> None:
     """llama-cpp-python hands a chat template the request's messages as they come, and an OpenAI tool
     call's `arguments` is a JSON string: Qwen's template (`arguments | tojson`) then showed the model
@@ -324,7 +236,7 @@ def render_tool_arguments_as_objects() -> None:
 
 
 def _serve_while_parent_lives() -> None:
-    """`python -m trace_rl.core.server PARENT_PID [--prompt-states=DIR --prompt-state-min-tokens=N]
+    """`python -m trace_rl.models.llama_server PARENT_PID [--prompt-states=DIR --prompt-state-min-tokens=N]
     <llama_cpp.server args>`: llama.cpp's server, with long prompts' states kept in DIR."""
     exit_with_parent(int(sys.argv.pop(1)))
     render_tool_arguments_as_objects()

@@ -20,14 +20,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_rl.core.io import atomic_write_text
-
-CACHE_ENV = "TRACE_RL_CACHE"
-
-
-def cache_dir() -> Path:
-    """Root of everything trace-rl caches (models, wheels, sandbox recipes)."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trace-rl").expanduser()
+from trace_rl.core.io import atomic_write_text, cache_dir
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,18 @@
-"""An OpenAI-compatible chat server over a transformers model and the engine (training/engine.py),
+"""An OpenAI-compatible chat server over a transformers model and the engine (models/engine.py),
 for machines without llama.cpp (a GPU machine): the user simulator, the analyst, a reviewer.
 
 Concurrent requests decode together (the engine's batcher), a conversation's earlier turns and a
 shared system prompt stay in its cache. Tool calls are parsed from the text, as for llama.cpp
 with the model's own template. `response_format` is enforced as llama.cpp does it: the reply is
-decoded to the JSON schema (training/grammar.py, xgrammar). Where xgrammar is not installed the reply
+decoded to the JSON schema (models/grammar.py, xgrammar). Where xgrammar is not installed the reply
 is only started with the schema's first key (schema_prefix), and callers validate and retry, as with
 any endpoint.
 
-    python -m trace_rl.training.serve --model qwen2.5-coder-1.5b --port 8081 [--rows 64]
+    python -m trace_rl.models.engine_server --model qwen2.5-coder-1.5b --port 8081 [--rows 64]
 """
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import sys
@@ -22,30 +21,11 @@ import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-from trace_rl.core.llm import parse_tool_calls
-from trace_rl.core.server import ServerProcess, exit_with_parent
-from trace_rl.training import grammar
-from trace_rl.training.hf_policy import HFPolicy, encode, render
-
-
-_HF_SERVERS: dict[str, Any] = {}
-
-
-def served(llm, serve: str, rows: int = 64):
-    """An LLMConfig as the run reaches it: unchanged with a base_url or under llama.cpp (served on
-    first use by core.llm); under serve=hf, pointed at one engine server per model (started once)."""
-    if serve != "hf" or llm.base_url:
-        return llm
-    if llm.lora:
-        raise ValueError(f"lora: {llm.lora!r} is applied by llama.cpp; the engine server (serve=hf) serves base "
-                         "models only: use serve=llama.cpp, or evaluate the adapter in-process")
-    if llm.model not in _HF_SERVERS:
-        srv = HFServer(llm.model, rows=rows, max_len=llm.n_ctx)
-        _HF_SERVERS[llm.model] = srv.start()
-        atexit.register(srv.stop)
-    return llm.model_copy(update={"base_url": _HF_SERVERS[llm.model].base_url})
+from trace_rl.models import grammar
+from trace_rl.models.chat import parse_tool_calls
+from trace_rl.models.endpoints import ServerProcess, exit_with_parent
+from trace_rl.models.hf_policy import HFPolicy, encode, render
 
 
 def schema_prefix(response_format: dict | None) -> str:
@@ -64,7 +44,7 @@ def schema_prefix(response_format: dict | None) -> str:
 
 def make_handler(policy, name: str):
     """The request handler for one model (`policy`: an HFPolicy, whose engine batches requests)."""
-    from trace_rl.training.engine import Request
+    from trace_rl.models.engine import Request
 
     tok = policy.tokenizer
     engine = policy.batcher.engine
@@ -154,13 +134,13 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | Non
 
 @dataclass
 class HFServer(ServerProcess):
-    """`serve` in a child process that ends with this one (see core.server.ServerProcess)."""
+    """`serve` in a child process that ends with this one (see models/endpoints.py)."""
     rows: int | None = None
     max_len: int = 16384
     startup_timeout: float = 900.0  # a first start converts the GGUF for transformers
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "trace_rl.training.serve", "--parent", str(os.getpid()), "--model", self.model,
+        return [sys.executable, "-m", "trace_rl.models.engine_server", "--parent", str(os.getpid()), "--model", self.model,
                 "--host", self.host, "--port", str(self.port), "--max-len", str(self.max_len)] + \
             (["--rows", str(self.rows)] if self.rows else [])
 

@@ -15,7 +15,7 @@ evaluated in process (base, adapters, router, MoE) and the OpenAI-compatible ser
   bookkeeping run on the GPU inside the step, so a step is one graph replay; the host looks at
   the rows every few steps only. On the CPU the same step runs eagerly.
 
-- **Grammar.** A request with a matcher (training/grammar.py) samples only tokens its JSON schema
+- **Grammar.** A request with a matcher (models/grammar.py) samples only tokens its JSON schema
   allows: the host advances the matchers and refills a bitmask after every step, the step applies it.
   A batch with no matcher runs as above, with no host round trip per token.
 
@@ -33,8 +33,8 @@ from typing import Callable
 
 import torch
 
-from trace_rl.core.server import common_prefix
-from trace_rl.training.fuse import fuse_projections
+from trace_rl.models.llama_server import common_prefix
+from trace_rl.models.fuse import fuse_projections
 
 ATTENTION = "trace_rl_rows"  # the attention implementation registered below
 MIN_SHARED_PREFIX = 16
@@ -47,7 +47,7 @@ class Request:
     max_new: int
     temperature: float = 0.0
     tag: int = 0
-    grammar: object | None = None  # a matcher (training/grammar.py): the reply is held to its schema
+    grammar: object | None = None  # a matcher (models/grammar.py): the reply is held to its schema
 
 
 def stop_ids(tokenizer) -> list[int]:
@@ -198,7 +198,7 @@ class Engine:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         _use_row_attention(self.hf)
-        self.fuse = compile != "eager"  # fewer, larger GEMMs (training/fuse.py): launches bound a small-batch step
+        self.fuse = compile != "eager"  # fewer, larger GEMMs (models/fuse.py): launches bound a small-batch step
         self.limit = getattr(cfg, "max_position_embeddings", None) or 1 << 20
         self._shape = (cfg.num_hidden_layers, rows, kv_heads, head_dim)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

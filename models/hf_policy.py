@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from trace_rl.core.episode import template_messages
-from trace_rl.core.llm import Reply, Usage, parse_tool_calls
-from trace_rl.core.models import hf_checkpoint
+from trace_rl.models.chat import Reply, Usage, parse_tool_calls
+from trace_rl.models.weights import hf_checkpoint
 
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -64,7 +64,7 @@ def env_turn_ids(tokenizer, history: list[dict], new: list[dict], tools: list[di
     """Tokens the template puts after an assistant turn's end token: the environment's
     messages `new` and the header of the next assistant turn. `history` ends with that
     assistant turn. These tokens are context, not the model's output (masked from the loss)."""
-    from trace_rl.training.engine import stop_ids
+    from trace_rl.models.engine import stop_ids
 
     before = render(tokenizer, history, tools)
     after = render(tokenizer, history + new, tools, add_generation_prompt=True)
@@ -112,7 +112,7 @@ def load_model(name_or_path: str):
 class HFPolicy:
     """A transformers model (optionally with a LoRA adapter, or an MoE's routed model) with `chat`.
 
-    Generation runs in an `Engine` (training/engine.py): calls from several threads (episodes of
+    Generation runs in an `Engine` (models/engine.py): calls from several threads (episodes of
     an evaluation) are decoded together, a conversation's earlier turns stay in the cache, and a
     system prompt shared by episodes is computed once. `tag(messages)` picks a conversation's
     routing tag (the composition's adapter slot); policies may share one engine (`engine=`)."""
@@ -130,7 +130,7 @@ class HFPolicy:
     @property
     def batcher(self):
         """The engine's batcher, made on first use (once, however many threads ask at once)."""
-        from trace_rl.training.engine import Batcher, Engine
+        from trace_rl.models.engine import Batcher, Engine
 
         with self._init_lock:
             if self._batcher is None:
@@ -153,7 +153,7 @@ class HFPolicy:
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float = 0.0,
              max_tokens: int | None = None, **_) -> Reply:
-        from trace_rl.training.engine import Request
+        from trace_rl.models.engine import Request
 
         ids = encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
         t0 = time.perf_counter()
