@@ -28,6 +28,7 @@ from trace_rl.core.io import atomic_write_json
 from trace_rl.models.chat import ReplyError, StructuredOutputError
 from trace_rl.models.llm import LLM
 from trace_rl.core.records import CapabilityRecord
+from trace_rl.core.rundir import AnalysisDir
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.facts import FACTS, facts_summary, hollow, render_facts, trajectory_facts
 
@@ -403,20 +404,20 @@ class LabelRun:
 
 
 def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-               labels_dir: Path, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
-    """N independent labelling runs (isolated contexts), resumable from `labels_dir`."""
+               folder: AnalysisDir, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
+    """N independent labelling runs (isolated contexts), resumable from the labels in `folder`."""
     from rich.progress import Progress
 
     names = [c.name for c in caps]
 
     def one_run(r: int, bar, task) -> dict:
-        path = labels_dir / f"run_{r:02d}.json"
+        path = folder.labels(r)
         labels = merge_json(path, {})
         todo = [t for t in trajs if not all(n in labels.get(t.key, {}) for n in names)]
         for batch in _batches(todo, cfg, len(caps)):
             got, evidence = label_batch(llm, batch, caps, cfg, seed=1000 + r, facts=facts)
             # evidence first: a kill between the two re-labels the batch, never loses its evidence
-            merge_json(labels_dir / f"run_{r:02d}_evidence.json", evidence)
+            merge_json(folder.labels(r, evidence=True), evidence)
             labels = merge_json(path, got)
             bar.update(task, advance=len(batch))
         keys = {t.key for t in trajs}
@@ -532,8 +533,8 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
 
     Writes facts.json, candidates.json, labels/run_XX(_evidence).json, capabilities.json, cov_delta.png."""
     cfg = cfg or AnalysisConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = AnalysisDir(out_dir)
+    out.root.mkdir(parents=True, exist_ok=True)
     if not trajs:
         raise ValueError("no trajectories to analyse: run the rollout stage first")
     left_out = [t.key for t in trajs if hollow(t)]
@@ -555,19 +556,18 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     models = list({id(m): m for m in (llm, labeller)}.values())
     usage0 = [asdict(m.usage) for m in models]
     facts = {t.key: trajectory_facts(t, tools) for t in trajs}
-    atomic_write_json(out / "facts.json", facts)
-    cand_path = out / "candidates.json"
+    atomic_write_json(out.facts, facts)
+    cand_path = out.candidates
     try:
         if cand_path.exists():
             caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
         else:
             caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-        runs = label_runs(labeller, trajs, caps, label_cfg, out / "labels", progress, facts)
+        runs = label_runs(labeller, trajs, caps, label_cfg, out, progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
-        atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
-                                                        "reply": getattr(err, "reply", "")})
-        raise AnalystError(f"{str(err).splitlines()[0][:300]} (the model's last reply: {out / 'analyst_error.json'})",
+        atomic_write_json(out.error, {"error": str(err), "model": llm.name, "reply": getattr(err, "reply", "")})
+        raise AnalystError(f"{str(err).splitlines()[0][:300]} (the model's last reply: {out.error})",
                            getattr(err, "reply", "")) from None
     outcome = {t.key: t.passed for t in trajs}
     results = aggregate(caps, runs, outcome, label_cfg)
@@ -576,14 +576,14 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
                          key=lambda r: -r.cov_mean)
     usage = {k: sum(asdict(m.usage)[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
     pairs = len(trajs) * len(caps)
-    atomic_write_json(out / "capabilities.json", {
+    atomic_write_json(out.capabilities, {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
         "passed": n_passed, "contrast": contrast, "hollow": left_out, "no_contrast": no_contrast,
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
                             "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name, "labeller": labeller.name},
         "capabilities": [r.model_dump() for r in results]})
-    plot_cov_delta(results, cfg, out / "cov_delta.png")
+    plot_cov_delta(results, cfg, out.plot)
     return results
 
 

@@ -26,6 +26,7 @@ from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, veri
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.models.chat import ReplyError, StructuredOutputError
 from trace_rl.core.records import PATTERN_NOTE, EnvRecord, TrainedOn
+from trace_rl.core.rundir import Attempt, EnvDir
 
 
 class EnvDraft(BaseModel):
@@ -309,12 +310,8 @@ def write_pattern(llm, capability: dict, target: Target, feedback=None, previous
 def attempt_origin(adir: Path) -> str:
     """What wrote an attempt's env: "pattern:<name>" where code expanded a builder's pattern
     choice (builder_choice.json), else "builder" (a module or spec the builder wrote itself)."""
-    choice = adir / "builder_choice.json"
+    choice = Attempt(adir).builder_choice
     return f"pattern:{json.loads(choice.read_text())['pattern']}" if choice.is_file() else "builder"
-
-
-def attempt_dir(out_dir: str | Path, rnd: int) -> Path:
-    return Path(out_dir) / f"attempt_{rnd:02d}"
 
 
 def build_attempt(builder, capability: dict, target: Target, examples: list[str], out_dir: str | Path, rnd: int,
@@ -323,37 +320,37 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
     was rendered from; in pattern mode builder_choice.json, the model's choice), or
     attempt_XX/builder_error.json when the builder gave nothing valid. A round already on disk is
     returned as it is (resume)."""
-    adir = attempt_dir(out_dir, rnd)
-    if (adir / "env.py").is_file():
-        return {"round": rnd, "env": str(adir / "env.py"), "origin": attempt_origin(adir)}
-    if (adir / "builder_error.json").is_file():
-        return {"round": rnd, "error": json.loads((adir / "builder_error.json").read_text())["error"]}
-    adir.mkdir(parents=True, exist_ok=True)
+    adir = EnvDir(out_dir).attempt(rnd)
+    if adir.env.is_file():
+        return {"round": rnd, "env": str(adir.env), "origin": attempt_origin(adir)}
+    if adir.builder_error.is_file():
+        return {"round": rnd, "error": json.loads(adir.builder_error.read_text())["error"]}
+    adir.root.mkdir(parents=True, exist_ok=True)
     try:
         if mode == "spec":
             raw = write_spec(builder, capability, target, list(examples), feedback, previous)
-            atomic_write_json(adir / "builder_spec.json", raw)  # what the model wrote, as it wrote it
+            atomic_write_json(adir.builder_spec, raw)  # what the model wrote, as it wrote it
             suggestions = {t["function"]["name"]: suggest_behaviour(t["function"])[0] for t in target.tools}
             spec, repairs = repair_in_sandbox(raw, target.tools, suggestions)  # mechanical slips, fixed by code
-            atomic_write_json(adir / "repairs.json", repairs)
-            atomic_write_json(adir / "spec.json", spec)
+            atomic_write_json(adir.repairs, repairs)
+            atomic_write_json(adir.spec, spec)
             code = render_module(spec, target.tools, target.policy)  # schemas and policy: copied by code
         elif mode == "pattern":  # every earlier round's choice failed: none may come again
-            earlier = (attempt_dir(out_dir, r) / "builder_choice.json" for r in range(1, rnd))
+            earlier = (EnvDir(out_dir).attempt(r).builder_choice for r in range(1, rnd))
             failed = [json.loads(p.read_text()) for p in earlier if p.is_file()]
             choice, spec = write_pattern(builder, capability, target, feedback, previous, failed=failed)
-            atomic_write_json(adir / "builder_choice.json", choice)  # what the model wrote
-            atomic_write_json(adir / "spec.json", spec)  # what code expanded it into
+            atomic_write_json(adir.builder_choice, choice)  # what the model wrote
+            atomic_write_json(adir.spec, spec)  # what code expanded it into
             code = render_module(spec, target.tools, target.policy)
         else:
             code = write_env(builder, capability, target, list(examples), feedback, previous).code
     except ValueError as err:
         if getattr(err, "reply", ""):
-            atomic_write_text(adir / "builder_reply.txt", err.reply)  # what it wrote, for whoever reads the findings
-        atomic_write_json(adir / "builder_error.json", {"error": str(err)})
+            atomic_write_text(adir.builder_reply, err.reply)  # what it wrote, for whoever reads the findings
+        atomic_write_json(adir.builder_error, {"error": str(err)})
         return {"round": rnd, "error": str(err)}
-    atomic_write_text(adir / "env.py", code)
-    return {"round": rnd, "env": str(adir / "env.py"), "origin": attempt_origin(adir)}
+    atomic_write_text(adir.env, code)
+    return {"round": rnd, "env": str(adir.env), "origin": attempt_origin(adir)}
 
 
 def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyConfig = VerifyConfig(),
@@ -363,12 +360,11 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     if "env" not in attempt:
         return {"passed": False, "feedback": f"the builder gave no valid module: {attempt['error']}"}
     env = Path(attempt["env"])
-    cached = env.parent / "verifier_report.json"
-    if cached.is_file():
-        return json.loads(cached.read_text())
+    adir = Attempt(env.parent)
+    if adir.verifier_report.is_file():
+        return json.loads(adir.verifier_report.read_text())
     code = env.read_text()
-    spec_path = env.parent / "spec.json"
-    spec = json.loads(spec_path.read_text()) if spec_path.is_file() else None
+    spec = json.loads(adir.spec.read_text()) if adir.spec.is_file() else None
     static = [] if spec is None else [  # a spec's own checks first: findings that name its fields
         Finding(f["check"], False, f["detail"]) for f in check_in_sandbox(spec, target.tools)]
     if spec is not None and copies_starter(spec, target.tools):
@@ -378,28 +374,27 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
             "(records and facts that make a careless agent fail on about half the seeds, the checks or steps "
             "the capability needs, and a reward component for each)")))
     report = VerifierReport(static) if static else verify(code, target.tools, capability, cfg, reviewer, base_policy)
-    repairs_path = env.parent / "repairs.json"
-    repairs = json.loads(repairs_path.read_text()) if repairs_path.is_file() else []
+    repairs = json.loads(adir.repairs.read_text()) if adir.repairs.is_file() else []
     out = {**report.to_dict(), "repairs": repairs, "feedback": report.feedback() + (
         "\nCode already fixed these in the spec above (keep them): " + "; ".join(repairs) if repairs else "")}
     tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
     origin = attempt.get("origin") or attempt_origin(env.parent)
-    atomic_write_json(env.parent / "manifest.json", {
+    atomic_write_json(adir.manifest, {
         "capability": capability["name"], "description": capability.get("description", ""), "target": target.name,
         "round": attempt["round"], "origin": origin, **({"note": PATTERN_NOTE} if origin.startswith("pattern") else {}),
         "tools": tools, "passed": report.passed,
         "sha256": hashlib.sha256(code.encode()).hexdigest(),
         "calibration": {k: v for k, v in (report.calibration or {}).items() if k != "groups"} or None})
-    atomic_write_json(cached, out)
+    atomic_write_json(adir.verifier_report, out)
     return out
 
 
 def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | None]:
     """(what the builder wrote: module, spec or pattern choice text, verifier feedback) of round `rnd` - 1."""
-    prev = attempt_dir(out_dir, rnd - 1)
-    source = next((p for p in (prev / "builder_choice.json", prev / "spec.json") if p.is_file()), prev / "env.py")
+    prev = EnvDir(out_dir).attempt(rnd - 1)
+    source = next((p for p in (prev.builder_choice, prev.spec) if p.is_file()), prev.env)
     code = source.read_text() if source.is_file() else None
-    report, error = prev / "verifier_report.json", prev / "builder_error.json"
+    report, error = prev.verifier_report, prev.builder_error
     feedback = json.loads(report.read_text())["feedback"] if report.is_file() else \
         f"the builder gave no valid module: {json.loads(error.read_text())['error']}" if error.is_file() else None
     return code, feedback
@@ -427,7 +422,7 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
         return None
     lib = library_match(capability, target.name) if library_fallback else None
     if lib is not None:  # verified like any other environment, in its own attempt folder
-        lib_env = out / "library" / "env.py"
+        lib_env = EnvDir(out).library.env
         if not lib_env.is_file():
             atomic_write_text(lib_env, lib["path"].read_text())
         lib_report = verify_attempt({"round": "library", "env": str(lib_env), "origin": "library"},
@@ -453,7 +448,7 @@ def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, m
     while record is None:  # the last round always returns one
         rnd += 1
         record = synthesize_round(capability, target, builder, out_dir, rnd, max_rounds=max_rounds, **kw)
-    atomic_write_json(Path(out_dir) / "result.json", record.model_dump())
+    atomic_write_json(EnvDir(out_dir).result, record.model_dump())
     return record
 
 

@@ -22,7 +22,8 @@ from trace_rl.models.chat import StructuredOutputError
 from trace_rl.models.llm import LLM, LLMConfig
 from trace_rl.models.endpoints import free_port
 from trace_rl.core.trajectory import TrajectoryStore
-from trace_rl.graph.rundir import load_saved_config
+from trace_rl.core.rundir import RunDir
+from trace_rl.graph.config import load_saved_config
 from trace_rl.models import engine_server as serve, grammar
 from trace_rl.models.hf_policy import HFPolicy
 
@@ -63,9 +64,10 @@ def main():
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--arms", nargs="+", default=list(ARMS.values()), choices=list(ARMS.values()))
     args = ap.parse_args()
-    run_cfg = load_saved_config(args.run_dir)
-    trajs = TrajectoryStore(args.run_dir / "iter_0" / "rollouts").all()
-    facts = json.loads((args.run_dir / "iter_0" / "analysis" / "facts.json").read_text())
+    run = RunDir(args.run_dir)
+    run_cfg = load_saved_config(run)
+    trajs = TrajectoryStore(run.rollouts()).all()
+    facts = json.loads(run.analysis().facts.read_text())
     policy = HFPolicy.load(args.model, rows=2, max_len=args.max_len)
     rows = {label: arm(policy, args.model, mode, trajs, run_cfg, facts, args.attempts) for label, mode in ARMS.items()
             if mode in args.arms}

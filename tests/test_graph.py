@@ -153,9 +153,9 @@ def test_until_train_stops_with_every_environment_approved_and_nothing_trained(t
     assert not st.get("adapters") and not (tmp_path / "train").exists()
     assert go(until="train")["status"] == "stopped" and not (tmp_path / "train").exists()  # asked again: stays
     # the GPU machine's part, elsewhere: the run packed, unpacked under another path, the original gone
-    from trace_rl.graph.rundir import pack, unpack
+    from trace_rl.core.rundir import RunDir, unpack
 
-    pack(tmp_path, tmp_path.parent / f"{tmp_path.name}-parts")
+    RunDir(tmp_path).pack(tmp_path.parent / f"{tmp_path.name}-parts")
     moved = unpack(tmp_path.parent / f"{tmp_path.name}-parts", tmp_path.parent / f"{tmp_path.name}-gpu")
     shutil.rmtree(tmp_path)
     done = drive(moved, cfg, resume=True, wait=False, log=lambda *a: None)
@@ -377,10 +377,10 @@ def test_the_grpo_on_target_baseline_gets_the_same_budget_and_a_row(tmp_path, sa
 def test_a_packed_run_unpacks_elsewhere_and_resumes(tmp_path, reference):
     """Moving a run between machines: pack in parts, unpack elsewhere, resume to the same state;
     a damaged part or an existing run of that name is refused."""
-    from trace_rl.graph.rundir import RunDirError, pack, unpack
+    from trace_rl.core.rundir import RunDir, RunDirError, unpack
 
     ref_dir, ref_state = reference
-    parts = pack(ref_dir, tmp_path / "parts", part_mb=1)
+    parts = RunDir(ref_dir).pack(tmp_path / "parts", part_mb=1)
     assert parts and all(p.stat().st_size <= 1 << 20 for p in parts)
     moved = unpack(tmp_path / "parts", tmp_path / "elsewhere")
     assert not list(moved.rglob("checkpoint-*"))  # GRPO optimizer states stay behind

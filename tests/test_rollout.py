@@ -181,9 +181,10 @@ def test_report_figures(tmp_path):
 
 def test_demo_sample_shows_real_model_turns():
     """The committed demo run holds real model output, and the demo prints it."""
-    from trace_rl.graph.cli import load_trajectories, sample_turns
+    from trace_rl.core.rundir import RunDir
+    from trace_rl.graph.cli import rollout_trajectories, sample_turns
 
-    trajs = load_trajectories(Path(__file__).resolve().parents[1] / "docs" / "examples" / "telecom")
+    trajs = rollout_trajectories(RunDir(Path(__file__).resolve().parents[1] / "docs" / "examples" / "telecom"))
     assert len(trajs) == 3 and all(t.model == "qwen2.5-coder-0.5b" and t.steps > 0 for t in trajs)
     text = sample_turns(trajs[0])
     assert "agent> get_customer_by_phone(" in text

@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from trace_rl import prompts
+from trace_rl.core.rundir import CompositionDir, TrainDir
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.models.engine import Engine
 from trace_rl.models.hf_policy import HFPolicy, assistant_labels, encode, render
@@ -157,7 +159,7 @@ def _modes(caps: list[dict]) -> list[str]:
 
 
 def _capabilities(path: str | Path) -> list[dict]:
-    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    manifest = json.loads(CompositionDir(path).manifest.read_text())
     return manifest.get("capabilities") or [{"name": n, "description": n} for n in manifest["adapters"]]
 
 
@@ -173,7 +175,7 @@ def saved_modes(path: str | Path) -> list[str]:
 
 def _gate_training(composition_dir: str | Path) -> dict:
     """The manifest's record of gate training ({} for a composition saved before there was one)."""
-    return json.loads((Path(composition_dir) / "manifest.json").read_text()).get("gate_training") or {}
+    return json.loads(CompositionDir(composition_dir).manifest.read_text()).get("gate_training") or {}
 
 
 def _untrained_because(g: dict) -> str | None:
@@ -218,9 +220,10 @@ def adapter_names(adapters: dict) -> dict[str, str]:
     return names
 
 
-def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, log=print,
+def compose_trained(adapters: dict, train: Callable[[str], TrainDir], out_dir: str | Path, load_base, log=print,
                     **gate_training) -> tuple[str | None, str | None]:
-    """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
+    """The compose stage: every adapter that changed in training ({capability: AdapterRecord}; `train(name)`: the
+    folder it was trained in),
     named and described after what it trained on, gates trained (compose()'s settings) on the
     successful GRPO and held-out episodes. Returns (composition dir, why its gates are untrained or None),
     or (None, None) when no adapter changed. Reuses a saved composition of the same adapters."""
@@ -229,8 +232,8 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
     if not trained:
         log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
         return None, None
-    out, train_dir = Path(out_dir), Path(train_dir)
-    manifest = out / "manifest.json"
+    out = Path(out_dir)
+    manifest = CompositionDir(out).manifest
     if manifest.is_file():  # reused only when made from the same adapters with the same gate settings
         saved = json.loads(manifest.read_text())
         if saved["adapters"] == list(names.values()) and all(
@@ -238,10 +241,11 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
             return str(out), gates_untrained(out)
     convs, sources = [], {}
     for name in trained:
-        tools = json.loads((train_dir / name / "tools.json").read_text())
+        folder = train(name)
+        tools = json.loads(folder.tools.read_text())
         before = len(convs)
-        for sub in ("grpo/rollouts", "heldout_after"):
-            convs += [(t.messages, tools) for t in TrajectoryStore(train_dir / name / sub).all() if t.passed]
+        for store in (folder.grpo.rollouts(), folder.heldout("after")):
+            convs += [(t.messages, tools) for t in TrajectoryStore(store).all() if t.passed]
         sources[names[name]] = len(convs) - before
     model, tok = load_base()
     caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
