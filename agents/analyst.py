@@ -27,7 +27,7 @@ from trace_rl import prompts
 from trace_rl.core.io import atomic_write_json
 from trace_rl.models.chat import ReplyError, StructuredOutputError
 from trace_rl.models.llm import LLM
-from trace_rl.core.records import CapabilityRecord
+from trace_rl.core.records import Capability, CapabilityRecord
 from trace_rl.core.rundir import AnalysisDir
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.facts import FACTS, facts_summary, hollow, render_facts, trajectory_facts
@@ -127,9 +127,11 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
 _SNAKE = r"^[a-z][a-z0-9]*(_[a-z0-9]+)+$"
 
 
-class Capability(BaseModel):
-    # pattern / length / item counts are checked by pydantic and are in the JSON schema too, so
-    # constrained decoding enforces them; only the sentence count needs a validator
+class _Candidate(Capability):
+    """A capability as discovery proposes it, with the failed tasks that show it. Pattern / length / item
+    counts are checked by pydantic and are in the JSON schema too, so constrained decoding enforces them;
+    only the sentence count needs a validator."""
+    model_config = ConfigDict(extra="ignore")
     name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)", pattern=_SNAKE)
     description: str = Field(description="2-3 sentences", max_length=600)
     example_task_ids: list[str] = Field(description="2-4 ids of failed tasks that show the gap", min_length=1,
@@ -144,17 +146,20 @@ class Capability(BaseModel):
         return v
 
 
+Candidate = create_model("Capability", __base__=_Candidate)  # named in the schema the model is shown as it always was
+
+
 class Candidates(BaseModel):
     # at least one: an empty list parses but names nothing to label (the 0.5B's answer once, docs/benchmarks);
     # at most the method's 10 (a run asks for at most its n_candidates: candidates_schema)
-    capabilities: list[Capability] = Field(min_length=1, max_length=10)
+    capabilities: list[Candidate] = Field(min_length=1, max_length=10)
 
 
 def candidates_schema(n: int) -> type[Candidates]:
     """Candidates of at most `n` capabilities in the schema itself, so that a grammar-constrained decoder
     cannot write an (n+1)-th: the demo's 0.5B proposed 4 of 3 in all 5 attempts when only a check said so."""
     return create_model("Candidates", __base__=Candidates,
-                        capabilities=(list[Capability], Field(min_length=1, max_length=n)))
+                        capabilities=(list[Candidate], Field(min_length=1, max_length=n)))
 
 
 def resolve_id(given: str, ids: set[str]) -> str | None:
@@ -167,7 +172,7 @@ def resolve_id(given: str, ids: set[str]) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Capability]:
+def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Candidate]:
     """Reject domain recipes and duplicates; raise with every problem so the model can fix them."""
     problems, out, seen_keys = [], [], []
     for c in cands.capabilities:
@@ -223,7 +228,7 @@ def by_id(named: dict[str, Trajectory]) -> dict[str, Trajectory]:
 
 
 def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3,
-             facts: dict | None = None) -> list[Capability]:
+             facts: dict | None = None) -> list[Candidate]:
     shown = aliases(discovery_examples(trajs, cfg.discovery_examples))
     per = max(500, cfg.context_chars // max(1, len(shown)))
     text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars), (facts or {}).get(t.key), alias=a)
@@ -560,7 +565,7 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     cand_path = out.candidates
     try:
         if cand_path.exists():
-            caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
+            caps = [Candidate(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
         else:
             caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})

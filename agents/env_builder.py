@@ -25,7 +25,7 @@ from trace_rl.agents.env_spec import EnvSpec, check_in_sandbox, render_module, r
 from trace_rl.agents.verifier import Finding, VerifierReport, VerifyConfig, verify
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.models.chat import ReplyError, StructuredOutputError
-from trace_rl.core.records import PATTERN_NOTE, EnvRecord, TrainedOn
+from trace_rl.core.records import PATTERN_NOTE, Capability, EnvRecord
 from trace_rl.core.rundir import Attempt, EnvDir
 
 
@@ -82,10 +82,10 @@ class Target:
         return cls(benchmark.name, spec["tools"], spec["policy"], spec["system_prompt"])
 
 
-def build_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,
+def build_messages(capability: Capability, target: Target, examples: list[str], feedback: str | None,
                    previous: str | None) -> list[dict]:
     tools = json.dumps(target.tools, indent=1)
-    user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
+    user = (f"# Capability to train\n{capability.name}: {capability.description}\n\n"
             f"# Failed trajectories that show the gap\n" + "\n\n".join(examples)[:6000] +
             f"\n\n# Target benchmark: {target.name}\n## Its tool schemas (copy the ones you use exactly)\n{tools[:12000]}"
             f"\n\n## Its policy (excerpt)\n{target.policy[:4000]}\n\n## Its system prompt format\n"
@@ -111,7 +111,7 @@ def _ask_builder(what: str, ask: Callable):
         raise BuilderError(f"the builder's endpoint failed: {type(err).__name__}: {str(err)[:500]}") from err
 
 
-def write_env(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
+def write_env(llm, capability: Capability, target: Target, examples: list[str], feedback=None, previous=None,
               attempts: int = 3) -> EnvDraft:
     return _ask_builder("module", lambda: llm.ask(build_messages(capability, target, examples, feedback, previous),
                                                  parse_draft, attempts, "Send the whole corrected module."))
@@ -227,10 +227,10 @@ def tool_suggestions(tools: list[dict]) -> tuple[str, str]:
     return "\n".join(lines), json.dumps(skeletons)
 
 
-def spec_messages(capability: dict, target: Target, examples: list[str], feedback: str | None,
+def spec_messages(capability: Capability, target: Target, examples: list[str], feedback: str | None,
                   previous: str | None) -> list[dict]:
     tools, skeletons = tool_suggestions(target.tools)
-    user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
+    user = (f"# Capability to train\n{capability.name}: {capability.description}\n\n"
             f"# Failed trajectories that show the gap\n" + "\n\n".join(examples)[:3000] +
             f"\n\n# Target benchmark: {target.name}\n## Its tools (name(arguments): description), each with the "
             f"behaviour code suggests (use the tool name alone as the key in `tools`; change what you need)\n{tools}"
@@ -241,11 +241,11 @@ def spec_messages(capability: dict, target: Target, examples: list[str], feedbac
         user += (f"\n\n# Your previous spec\n{previous}\n# What the checks found in it (fix every one)\n{feedback}"
                  "\nWrite the corrected spec. Do not send the previous one again unchanged.")
     system = prompts.load("env_builder_spec", format=spec_format(),
-                          example=one_key_per_line(starter_spec(target.tools, capability["name"])))
+                          example=one_key_per_line(starter_spec(target.tools, capability.name)))
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def write_spec(llm, capability: dict, target: Target, examples: list[str], feedback=None, previous=None,
+def write_spec(llm, capability: Capability, target: Target, examples: list[str], feedback=None, previous=None,
                attempts: int = 2) -> dict:
     """The builder's spec, decoded under EnvSpec's JSON schema (llama.cpp's grammar); a spec with
     no tool of the target goes straight back to it. Everything else is repaired or checked in the
@@ -266,9 +266,9 @@ def write_spec(llm, capability: dict, target: Target, examples: list[str], feedb
 
 
 # ---------------------------------------------------------------- pattern mode (smaller still)
-def pattern_messages(capability: dict, target: Target, feedback: str | None, previous: str | None,
+def pattern_messages(capability: Capability, target: Target, feedback: str | None, previous: str | None,
                      patterns: list[str] | None = None) -> list[dict]:
-    user = (f"# Capability to train\n{capability['name']}: {capability['description']}\n\n"
+    user = (f"# Capability to train\n{capability.name}: {capability.description}\n\n"
             f"# Target benchmark: {target.name}\n## Its tools (name(arguments): description)\n"
             + "\n".join(tool_line(t["function"]) for t in target.tools))
     if previous is not None:  # findings last, nearest the answer
@@ -278,7 +278,7 @@ def pattern_messages(capability: dict, target: Target, feedback: str | None, pre
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def write_pattern(llm, capability: dict, target: Target, feedback=None, previous=None,
+def write_pattern(llm, capability: Capability, target: Target, feedback=None, previous=None,
                   attempts: int = 3, failed: list[dict] = ()) -> tuple[dict, dict]:
     """(the builder's choice as it wrote it, the spec code expanded from it). The choice is decoded
     under env_patterns.decode_schema (only bindings of the target's tools that expand, only patterns that fit
@@ -314,7 +314,7 @@ def attempt_origin(adir: Path) -> str:
     return f"pattern:{json.loads(choice.read_text())['pattern']}" if choice.is_file() else "builder"
 
 
-def build_attempt(builder, capability: dict, target: Target, examples: list[str], out_dir: str | Path, rnd: int,
+def build_attempt(builder, capability: Capability, target: Target, examples: list[str], out_dir: str | Path, rnd: int,
                   feedback: str | None = None, previous: str | None = None, mode: str = "code") -> dict:
     """Round `rnd` of the builder: attempt_XX/env.py (in spec and pattern mode also the spec.json it
     was rendered from; in pattern mode builder_choice.json, the model's choice), or
@@ -353,7 +353,7 @@ def build_attempt(builder, capability: dict, target: Target, examples: list[str]
     return {"round": rnd, "env": str(adir.env), "origin": attempt_origin(adir)}
 
 
-def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyConfig = VerifyConfig(),
+def verify_attempt(attempt: dict, capability: Capability, target: Target, cfg: VerifyConfig = VerifyConfig(),
                    reviewer=None, base_policy=None) -> dict:
     """Verify one attempt (cached in verifier_report.json); writes the attempt's manifest.json.
     Returns the report as a dict, with `feedback` for the next round."""
@@ -370,7 +370,7 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     if spec is not None and copies_starter(spec, target.tools):
         static.append(Finding("starter_copy", False, (
             "user_message, reference and reward are the example's (look a record up and tell its reference "
-            f"code), which trains nothing: write a task where {capability['name']} decides the reward "
+            f"code), which trains nothing: write a task where {capability.name} decides the reward "
             "(records and facts that make a careless agent fail on about half the seeds, the checks or steps "
             "the capability needs, and a reward component for each)")))
     report = VerifierReport(static) if static else verify(code, target.tools, capability, cfg, reviewer, base_policy)
@@ -380,7 +380,7 @@ def verify_attempt(attempt: dict, capability: dict, target: Target, cfg: VerifyC
     tools = next((f.figures.get("tools") for f in report.findings if f.check == "tool_schemas"), None)
     origin = attempt.get("origin") or attempt_origin(env.parent)
     atomic_write_json(adir.manifest, {
-        "capability": capability["name"], "description": capability.get("description", ""), "target": target.name,
+        "capability": capability.name, "description": capability.description, "target": target.name,
         "round": attempt["round"], "origin": origin, **({"note": PATTERN_NOTE} if origin.startswith("pattern") else {}),
         "tools": tools, "passed": report.passed,
         "sha256": hashlib.sha256(code.encode()).hexdigest(),
@@ -400,7 +400,7 @@ def previous_round(out_dir: str | Path, rnd: int) -> tuple[str | None, str | Non
     return code, feedback
 
 
-def synthesize_round(capability: dict, target: Target, builder, out_dir: str | Path, rnd: int, *,
+def synthesize_round(capability: Capability, target: Target, builder, out_dir: str | Path, rnd: int, *,
                      examples: list[str] = (), reviewer=None, base_policy=None, cfg: VerifyConfig = VerifyConfig(),
                      max_rounds: int = 5, library_fallback: bool = False, mode: str = "code",
                      log=print) -> EnvRecord | None:
@@ -415,7 +415,7 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
     attempt = build_attempt(builder, capability, target, list(examples), out, rnd, feedback, previous, mode)
     report = verify_attempt(attempt, capability, target, cfg, reviewer, base_policy)
     failed = [f["check"] for f in report.get("findings", []) if not f["passed"]] or ["builder"]
-    log(f"{capability['name']} round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")
+    log(f"{capability.name} round {rnd}: {'passed' if report['passed'] else 'failed: ' + ', '.join(failed)}")
     if report["passed"]:
         return EnvRecord(status="verified", env=attempt["env"], rounds=rnd, source=attempt.get("origin", "builder"))
     if rnd < max_rounds:
@@ -428,19 +428,19 @@ def synthesize_round(capability: dict, target: Target, builder, out_dir: str | P
         lib_report = verify_attempt({"round": "library", "env": str(lib_env), "origin": "library"},
                                     capability, target, cfg, reviewer, base_policy)
         if lib_report["passed"]:
-            log(f"{capability['name']}: builder failed {rnd} round(s); SUBSTITUTE: library environment "
-                f"{lib['name']} ({lib['why']})")
-            return EnvRecord(status="verified", env=str(lib_env), rounds=rnd, source=f"library:{lib['name']}",
-                             substitute=f"library environment {lib['name']} ({lib['why']}): the builder's {rnd} "
+            log(f"{capability.name}: builder failed {rnd} round(s); SUBSTITUTE: library environment "
+                f"{lib['capability'].name} ({lib['why']})")
+            return EnvRecord(status="verified", env=str(lib_env), rounds=rnd, source=f"library:{lib['capability'].name}",
+                             substitute=f"library environment {lib['capability'].name} ({lib['why']}): the builder's {rnd} "
                                         "round(s) failed", findings=report["feedback"],
-                             trained_on=TrainedOn(name=lib["name"], description=lib["description"]))
+                             trained_on=lib["capability"])
     why = ("library_fallback is off" if not library_fallback else "no library environment matches"
-           if lib is None else f"the matching library environment {lib['name']} failed verification too")
+           if lib is None else f"the matching library environment {lib['capability'].name} failed verification too")
     return EnvRecord(status="needs_human", env=attempt.get("env"), rounds=rnd, findings=report["feedback"],
                      source=attempt.get("origin", "builder"), reason=f"{rnd} builder round(s) failed verification; {why}")
 
 
-def synthesize(capability: dict, target: Target, builder, out_dir: str | Path, max_rounds: int = 5,
+def synthesize(capability: Capability, target: Target, builder, out_dir: str | Path, max_rounds: int = 5,
                **kw) -> EnvRecord:
     """Build and verify until the environment passes or `max_rounds` are spent (`trace-rl build`);
     the pipeline runs the same rounds one graph step at a time."""
@@ -476,23 +476,23 @@ def content_words(text: str) -> set[str]:
     return {w for w in re.findall(r"[a-z]+", text.lower().replace("_", " ")) if len(w) > 2 and w not in STOP_WORDS}
 
 
-def library_match(capability: dict, target: str, min_shared: int = 4, min_share: float = 0.25) -> dict | None:
+def library_match(capability: Capability, target: str, min_shared: int = 4, min_share: float = 0.25) -> dict | None:
     """The library environment for `target` (e.g. tau2:telecom) that trains this capability, or None.
 
     A match is the library capability's own name, an alias of it (LIBRARY_ALIASES), or at least
     `min_shared` content words (no stop words), and `min_share` of the capability's, shared with
-    its name and docstring. Returns {"path", "name", "description", "why"}; the adapter is then named
+    its name and docstring. Returns {"path", "capability", "why"}; the adapter is then named
     and described after the library capability, not the discovered one."""
     domain = target.split(":")[-1].split("@")[0]  # tau2:airline@tau3 -> airline
-    name = capability["name"]
-    words = content_words(name + " " + capability.get("description", ""))
+    name = capability.name
+    words = content_words(name + " " + capability.description)
     best = None
     for module, path in sorted(library().items()):
         if not module.endswith("_" + domain):
             continue
         lib_name = module[: -len(domain) - 1]
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        entry = {"path": path, "name": lib_name, "description": " ".join(doc.split("\n\n")[0].split())}
+        entry = {"path": path, "capability": Capability(name=lib_name, description=" ".join(doc.split("\n\n")[0].split()))}
         if name == lib_name or LIBRARY_ALIASES.get(name) == lib_name:
             return {**entry, "why": "same capability" if name == lib_name else f"alias of {lib_name}"}
         shared = words & content_words(lib_name + " " + doc)

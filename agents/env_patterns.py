@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from trace_rl.agents.env_spec import READ_VERBS, EnvSpec, suggest_behaviour
+from trace_rl.core.records import Capability
 from trace_rl.models.chat import extract_json
 
 
@@ -75,17 +76,17 @@ def _stems(text: str) -> set[str]:
     return {w[:6] for w in re.findall(r"[a-z]+", text.lower().replace("_", " ")) if len(w) > 2}
 
 
-def misfit(capability: dict, pattern: str, patterns: list[str] | None = None) -> str | None:
+def misfit(capability: Capability, pattern: str, patterns: list[str] | None = None) -> str | None:
     """Why `pattern` does not train this capability, by the words it is described with, or None. The
     1.5B chose compute_then_act for precondition_verification: an env that verifies but trains
     something else. Only a clear misfit is one (no word of its family, some of another offered
     pattern's: `patterns`, default all)."""
-    words = _stems(f"{capability.get('name', '')} {capability.get('description', '')}")
+    words = _stems(f"{capability.name} {capability.description}")
     shared = {p: len(words & _stems(family)) for p, family in FAMILIES.items() if patterns is None or p in patterns}
     if shared.get(pattern) or not any(shared.values()):
         return None
     best = sorted((p for p in shared if shared[p]), key=lambda p: -shared[p])
-    return (f"{pattern} does not train {capability.get('name', 'this capability')}: its description reads like "
+    return (f"{pattern} does not train {capability.name or 'this capability'}: its description reads like "
             f"{' or '.join(best[:2])} ({PATTERNS[best[0]].split('. For ')[-1].rstrip('.')})")
 
 
@@ -283,7 +284,7 @@ def offered(schema: dict) -> list[str]:
     return list(dict.fromkeys(a["properties"]["pattern"]["const"] for a in schema["anyOf"]))
 
 
-def fitting(capability: dict, schema: dict) -> dict:
+def fitting(capability: Capability, schema: dict) -> dict:
     """`schema` offering only the patterns that can train this capability (no `misfit`), or all of them
     when none is a clear fit. Told the misfit, the 1.5B still chose compute_then_act for telecom's
     precondition_verification in 9 of 9 tries over 3 rounds: what code can decide, the grammar decides."""

@@ -11,6 +11,7 @@ import re
 from collections import Counter
 
 from trace_rl.core.episode import tool_arguments
+from trace_rl.core.records import Capability
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.report import wilson
 
@@ -142,15 +143,15 @@ METRIC_WORDS = [  # (words in a capability's name or description, the fact that 
 ]
 
 
-def metric_for(capability: dict) -> str:
+def metric_for(capability: Capability) -> str:
     """The fact whose rate measures a capability on the target (tool errors when no word matches)."""
-    text = (capability.get("name", "") + " " + capability.get("description", "")).lower().replace("_", " ")
+    text = (capability.name + " " + capability.description).lower().replace("_", " ")
     # at a word's start: "format" is not in "information", "ground" not in "background"
     return next((fact for words, fact in METRIC_WORDS if any(re.search(rf"\b{w}", text) for w in words)),
                 "tool_errors")
 
 
-def transfer_metrics(trajs: list[Trajectory], capabilities: list[dict], tools: list[dict] | None) -> dict:
+def transfer_metrics(trajs: list[Trajectory], capabilities: list[Capability], tools: list[dict] | None) -> dict:
     """{capability: {"metric", "episodes", "with_fact", "rate", "ci95"}}: the share of episodes in
     which the failure the capability is about occurred (lower is better)."""
     facts = [trajectory_facts(t, tools) for t in trajs]
@@ -158,6 +159,6 @@ def transfer_metrics(trajs: list[Trajectory], capabilities: list[dict], tools: l
     for cap in capabilities:
         metric = metric_for(cap)
         hits = sum(bool(f[metric]) for f in facts)
-        out[cap["name"]] = {"metric": metric, "episodes": len(facts), "with_fact": hits,
+        out[cap.name] = {"metric": metric, "episodes": len(facts), "with_fact": hits,
                             "rate": hits / len(facts) if facts else 0.0, "ci95": wilson(hits, len(facts))}
     return out

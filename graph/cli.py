@@ -404,7 +404,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
-    from trace_rl.core.records import TrainedOn
+    from trace_rl.core.records import Capability
     from trace_rl.graph.config import RunConfig, section_settings
     from trace_rl.training.grpo import PRESETS, GRPOSettings
     from trace_rl.models.hf_policy import load_model
@@ -432,7 +432,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail(f"no environment module at {env}")
     name, defaults = name or code_path.stem, RunConfig()
     entry = train_capability(name, code_path.resolve(), RunDir(out).train(name), lambda: load_model(model), settings,
-                             trained_on=TrainedOn(name=name, description=name), log=console.print,
+                             trained_on=Capability(name=name, description=name), log=console.print,
                              train_seeds=train_seeds or defaults.train_seeds,
                              heldout_seeds=heldout or defaults.heldout_seeds)
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports
@@ -490,7 +490,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
     out = run.env(cap.name)
     t0 = time.perf_counter()
-    record = synthesize(cap.model_dump(), Target.of(bench), model, out, max_rounds=rounds or defaults.build_rounds,
+    record = synthesize(cap, Target.of(bench), model, out, max_rounds=rounds or defaults.build_rounds,
                         examples=[compact(t, 3000) for t in examples], mode=builder_mode(mode, model),
                         reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
     u, secs = model.usage, time.perf_counter() - t0

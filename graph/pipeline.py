@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, TypedDict
 
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.records import RECORD_TYPES, AdapterRecord, CapabilityRecord, EnvRecord, TrainedOn
+from trace_rl.core.records import RECORD_TYPES, AdapterRecord, Capability, CapabilityRecord, EnvRecord
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.core.rundir import CHECKPOINT, RunDir, read_json_file
 from trace_rl.graph.approvals import THREAD, auto_decision, pending, read_decisions, record_decision
@@ -232,7 +232,7 @@ class Pipeline:
         cap, rnd, c = self.cap(s), s.get("rounds", 0) + 1, self.comps
         store = TrajectoryStore(self.run.rollouts(s.get("iteration", 0)))
         examples = [compact(store.get(k), 3000) for k in cap.example_failed_task_ids if k in store]
-        record = synthesize_round({"name": cap.name, "description": cap.description}, Target.of(c.benchmark),
+        record = synthesize_round(cap, Target.of(c.benchmark),
                                   c.builder, self.run.env(cap.name), rnd, examples=examples,
                                   reviewer=c.reviewer, base_policy=c.calibration, cfg=self.cfg.verify,
                                   max_rounds=self.cfg.build_rounds, library_fallback=self.cfg.library_fallback,
@@ -264,7 +264,7 @@ class Pipeline:
         name, cfg = self.untrained(s), self.cfg
         env = s["envs"][name]
         cap = next((c for c in s.get("capabilities") or [] if c.name == name), None)
-        trained_on = env.trained_on or TrainedOn(name=name, description=cap.description if cap else name)
+        trained_on = env.trained_on or Capability(name=name, description=cap.description if cap else name)
         record = train_capability(name, self.here(env.env), self.run.train(name), self.comps.load_base, cfg.grpo,
                                   trained_on=trained_on, train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds,
                                   substitute=env.substitute, log=self.log)
@@ -348,9 +348,8 @@ class Pipeline:
             results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
                                self.run.eval(s.get("iteration", 0)), split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                                skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
-                               concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout, capabilities=[
-                                   c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
-                                   if c.status == "APPROVED"])
+                               concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout,
+                               capabilities=[c for c in s.get("capabilities") or [] if c.status == "APPROVED"])
         finally:
             from trace_rl.models.llm import stop_lora_endpoints
 
@@ -485,7 +484,8 @@ def compiled(run_dir: Path, cfg: RunConfig, log=print, until: str | None = None)
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
+    records = [(t.__module__, t.__name__) for t in RECORD_TYPES] + [("trace_rl.core.records", "TrainedOn")]  # and
+    # the name earlier runs' checkpoints gave the capability an adapter trained on
     saver = SqliteSaver(sqlite3.connect(str(RunDir(run_dir).checkpoint), check_same_thread=False),
                         serde=JsonPlusSerializer(allowed_msgpack_modules=records))
     return Pipeline(run_dir, cfg, log).graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)

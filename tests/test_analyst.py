@@ -4,7 +4,7 @@ import re
 import pytest
 
 from doubles import ScriptedLLM, labels_answer
-from trace_rl.agents.analyst import (AnalysisConfig, Capability, Label, aggregate, analyze, compact,
+from trace_rl.agents.analyst import (AnalysisConfig, Candidate, Label, aggregate, analyze, compact,
                                      run_figures)
 from trace_rl.core.trajectory import Trajectory
 
@@ -53,7 +53,7 @@ def test_edge_cases_give_defined_values():
 
 def test_k_of_n():
     cfg = AnalysisConfig(n_runs=10, k=8, min_passed=1)
-    cap = Capability(name="precondition_verification", description="Checks state first. It matters.",
+    cap = Candidate(name="precondition_verification", description="Checks state first. It matters.",
                      example_task_ids=["t0"])
     good = {"t0": {cap.name: L}, "t1": {cap.name: P}}
     bad = {"t0": {cap.name: P}, "t1": {cap.name: P}}
@@ -229,7 +229,7 @@ def _labelling_script(skip: set[str]):
 
 
 def _caps(*names):
-    return [Capability(name=n, description="Does a thing before acting. It matters.", example_task_ids=["x"]) for n in names]
+    return [Candidate(name=n, description="Does a thing before acting. It matters.", example_task_ids=["x"]) for n in names]
 
 
 def _write_candidates(path, caps):

@@ -6,10 +6,11 @@ from tiny import LetterEpisode, tiny_model, tiny_tokenizer
 from trace_rl.training.compose import Composition, compose, gate_examples, load
 from trace_rl.models.hf_policy import HFPolicy, assistant_labels
 from trace_rl.training.moe import Adapter, LoRAMoE
+from trace_rl.core.records import Capability
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-CAPS = [{"name": "precondition_checking", "description": "Checks rules before acting."},
-        {"name": "tool_argument_precision", "description": "Passes exact ids to tools."}]
+CAPS = [Capability(name="precondition_checking", description="Checks rules before acting."),
+        Capability(name="tool_argument_precision", description="Passes exact ids to tools.")]
 MSGS = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Go 1"}]
 
 
@@ -38,15 +39,15 @@ def test_adapter_from_dir_equals_from_peft(tmp_path):
 
 def test_modes_reproduce_base_and_single_adapters(tmp_path):
     tok = tiny_tokenizer()
-    peft_models = [saved_adapter(tok, tmp_path / c["name"], i + 1) for i, c in enumerate(CAPS)]
-    moe = LoRAMoE(tiny_model(tok), [Adapter.from_dir(c["name"], tmp_path / c["name"]) for c in CAPS])
+    peft_models = [saved_adapter(tok, tmp_path / c.name, i + 1) for i, c in enumerate(CAPS)]
+    moe = LoRAMoE(tiny_model(tok), [Adapter.from_dir(c.name, tmp_path / c.name) for c in CAPS])
     comp = Composition(moe, tok, CAPS, max_new_tokens=10)
     assert comp.modes == ["base", "precondition_checking", "tool_argument_precision", "router", "moe"]
     want_base = HFPolicy(tiny_model(tok), tok, "base", max_new_tokens=10).chat(MSGS, LetterEpisode.tools).content
     assert comp.policy("base").chat(MSGS, LetterEpisode.tools).content == want_base
     for cap, pm in zip(CAPS, peft_models):
-        want = HFPolicy(pm, tok, cap["name"], max_new_tokens=10).chat(MSGS, LetterEpisode.tools).content
-        assert comp.policy(cap["name"]).chat(MSGS, LetterEpisode.tools).content == want != want_base
+        want = HFPolicy(pm, tok, cap.name, max_new_tokens=10).chat(MSGS, LetterEpisode.tools).content
+        assert comp.policy(cap.name).chat(MSGS, LetterEpisode.tools).content == want != want_base
     # the router decides once per conversation and its choice is a valid slot
     router = comp.policy("router")
     router.chat(MSGS, LetterEpisode.tools)
@@ -74,16 +75,16 @@ def test_assistant_labels_cover_exactly_the_assistant_turns():
 def test_compose_trains_gates_and_round_trips(tmp_path):
     tok = tiny_tokenizer()
     for i, c in enumerate(CAPS):
-        saved_adapter(tok, tmp_path / c["name"], i + 1)
+        saved_adapter(tok, tmp_path / c.name, i + 1)
     convs = [(MSGS + [{"role": "assistant", "content": "aaaa a"}], LetterEpisode.tools)] * 3
     assert len(gate_examples(tok, convs)[0]) == 3
-    moe = compose(tiny_model(tok), tok, {c["name"]: tmp_path / c["name"] for c in CAPS}, CAPS, convs,
+    moe = compose(tiny_model(tok), tok, {c.name: tmp_path / c.name for c in CAPS}, CAPS, convs,
                   tmp_path / "moe", epochs=2, lr=1e-2)
     manifest = (tmp_path / "moe" / "manifest.json").read_text()
     assert '"examples": 3' in manifest and "precondition_checking" in manifest
     assert any(not torch.equal(g.proj.weight, torch.zeros_like(g.proj.weight)) for g in moe.gates)
     again = load(tiny_model(tok), tok, tmp_path / "moe")
-    assert [c["name"] for c in again.caps] == [c["name"] for c in CAPS]
+    assert [c.name for c in again.caps] == [c.name for c in CAPS]
     ids = torch.tensor([[5, 6, 7, 8]])
     moe.force(None)
     again.moe.force(None)
@@ -122,7 +123,7 @@ def test_a_composition_without_gate_examples_is_marked(tmp_path):
 
     tok = tiny_tokenizer()
     saved_adapter(tok, tmp_path / "a", 1)
-    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [], tmp_path / "c")
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [Capability(name="a", description="d")], [], tmp_path / "c")
     assert gates_untrained(tmp_path / "c") == "0 successful rollouts to train them on"
 
 
@@ -140,7 +141,7 @@ def test_rollouts_longer_than_max_len_are_left_out_whole_and_named(tmp_path):
     rows, too_long = gate_examples(tok, [short, long, long], max_len=n_long - 1)
     assert (len(rows), too_long) == (1, 2)
     assert all((r["labels"] != -100).any() for r in rows)
-    caps = [{"name": "a", "description": "d"}]
+    caps = [Capability(name="a", description="d")]
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long, long], tmp_path / "c", max_len=n_long - 1)
     assert gates_untrained(tmp_path / "c") == f"all 2 of 2 successful rollouts run past max_len={n_long - 1} tokens"
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, caps, [long], tmp_path / "d", max_len=n_long, sources={"a": 1})
@@ -157,24 +158,22 @@ def test_the_gate_summary_says_where_the_examples_came_from_and_how_the_loss_mov
     tok = tiny_tokenizer()
     saved_adapter(tok, tmp_path / "a", 1)
     short = (MSGS + [{"role": "assistant", "content": "aaaa a"}], LetterEpisode.tools)
-    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [short, short],
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [Capability(name="a", description="d")], [short, short],
             tmp_path / "c", epochs=2, sources={"a": 2})
     g = json.loads((tmp_path / "c" / "manifest.json").read_text())["gate_training"]
     assert g["from"] == {"a": 2}
     assert gate_summary(tmp_path / "c") == (f"gates trained on 2 successful rollouts (a: 2), 2 epochs, "
                                             f"loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
-    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [], tmp_path / "e")
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [Capability(name="a", description="d")], [], tmp_path / "e")
     assert gate_summary(tmp_path / "e") == "gates untrained: 0 successful rollouts to train them on"
-    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [{"name": "a", "description": "d"}], [short], tmp_path / "z",
+    compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [Capability(name="a", description="d")], [short], tmp_path / "z",
             epochs=0)  # examples, but not one step: the moe is the base
     assert gate_summary(tmp_path / "z") == "gates untrained: 0 gate steps (0 epochs on 1 successful rollouts)"
 
 
 ROUTER_CAPS = [
-    {"name": "flight_cancellation_rules",
-     "description": "Decides whether an airline reservation may be cancelled and refunded under the airline's rules."},
-    {"name": "mobile_data_troubleshooting",
-     "description": "Fixes a phone whose mobile data or internet does not work (airplane mode, data saver, roaming)."},
+    Capability(name="flight_cancellation_rules", description="Decides whether an airline reservation may be cancelled and refunded under the airline's rules."),
+    Capability(name="mobile_data_troubleshooting", description="Fixes a phone whose mobile data or internet does not work (airplane mode, data saver, roaming)."),
 ]
 ROUTER_TASKS = [  # (first user message, the right option: 1 = flights, 2 = phone)
     ("I need to cancel my flight reservation ABC123 and get my money back.", 1),
@@ -199,7 +198,7 @@ def test_classifier_router_picks_the_planted_adapter_with_the_embedded_model():
     model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     module = "model.layers.0.self_attn.q_proj"
     dim = model.config.hidden_size
-    adapters = [Adapter(c["name"], {module: (torch.zeros(2, dim), torch.zeros(dim, 2))}, 1.0) for c in ROUTER_CAPS]
+    adapters = [Adapter(c.name, {module: (torch.zeros(2, dim), torch.zeros(dim, 2))}, 1.0) for c in ROUTER_CAPS]
     router = ClassifierRouter(LoRAMoE(model, adapters), tok, ROUTER_CAPS)
     chosen = [router.choose([{"role": "system", "content": "You are a customer service agent."},
                              {"role": "user", "content": text}]) for text, _ in ROUTER_TASKS]
@@ -212,8 +211,8 @@ def test_the_router_row_decodes_exactly_as_the_mode_it_chose(tmp_path):
     recomputation picked the base everywhere, ended in an error twice as often as the base row)."""
     tok = tiny_tokenizer()
     for i, c in enumerate(CAPS):
-        saved_adapter(tok, tmp_path / c["name"], i + 1)
-    moe = LoRAMoE(tiny_model(tok), [Adapter.from_dir(c["name"], tmp_path / c["name"]) for c in CAPS])
+        saved_adapter(tok, tmp_path / c.name, i + 1)
+    moe = LoRAMoE(tiny_model(tok), [Adapter.from_dir(c.name, tmp_path / c.name) for c in CAPS])
     comp = Composition(moe, tok, CAPS, max_new_tokens=12)
     later = MSGS + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}]
     routed = [comp.policy("router").chat(m, LetterEpisode.tools).content for m in (MSGS, later)]

@@ -6,6 +6,7 @@ import pytest
 from doubles import ScriptedLLM
 from trace_rl.agents.env_builder import EnvDraft, Target, parse_draft, reference_example, synthesize
 from trace_rl.agents.verifier import VerifyConfig
+from trace_rl.core.records import Capability
 
 
 def shipped_spec(avoid_domain: str) -> dict:
@@ -41,7 +42,7 @@ def test_synthesis_loop_feeds_findings_back(tmp_path, sandbox_image):
     broken = good.replace("    def score(self):\n",
                           "    def score(self):\n        return {'components': {'a': 1.0}, 'weights': {'a': 1.0}}\n", 1)
     builder = ScriptedLLM([f"```python\n{broken}```", f"```python\n{good}```"])
-    cap = {"name": "precondition_verification", "description": "Checks rules before acting. Matters."}
+    cap = Capability(name="precondition_verification", description="Checks rules before acting. Matters.")
     result = synthesize(cap, target, builder, tmp_path, cfg=VerifyConfig(seeds=12, determinism_seeds=2),
                         log=lambda *a: None)
     assert result.status == "verified" and result.rounds == 2
@@ -57,7 +58,7 @@ def test_synthesis_loop_feeds_findings_back(tmp_path, sandbox_image):
 def test_synthesis_gives_up_to_a_human(tmp_path, sandbox_image):
     builder = ScriptedLLM(["```python\nclass Env:\n    pass\n```"] * 2)
     target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
-    result = synthesize({"name": "x_y", "description": "d."}, target, builder, tmp_path, max_rounds=2,
+    result = synthesize(Capability(name="x_y", description="d."), target, builder, tmp_path, max_rounds=2,
                         log=lambda *a: None)
     assert result.status == "needs_human" and "contract" in result.findings
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attempt_01", "attempt_02", "result.json"]
@@ -66,7 +67,7 @@ def test_synthesis_gives_up_to_a_human(tmp_path, sandbox_image):
 def test_an_unparsable_module_is_kept_with_the_error(tmp_path):
     builder = ScriptedLLM(["```python\nclass Env(:\n```"] * 3)
     target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
-    result = synthesize({"name": "x_y", "description": "d."}, target, builder, tmp_path, max_rounds=1,
+    result = synthesize(Capability(name="x_y", description="d."), target, builder, tmp_path, max_rounds=1,
                         log=lambda *a: None)
     assert result.status == "needs_human" and "does not parse" in result.findings
     assert (tmp_path / "attempt_01" / "builder_reply.txt").read_text() == "```python\nclass Env(:\n```"
@@ -78,37 +79,37 @@ def test_a_failing_builder_endpoint_is_a_recorded_round_not_a_crash(tmp_path):
         raise TimeoutError("Request timed out.")
 
     target = Target("t", [{"type": "function", "function": {"name": "f", "parameters": {}}}], "", "")
-    result = synthesize({"name": "x_y", "description": "d."}, target, ScriptedLLM(timeout), tmp_path, max_rounds=1,
+    result = synthesize(Capability(name="x_y", description="d."), target, ScriptedLLM(timeout), tmp_path, max_rounds=1,
                         log=lambda *a: None)
     assert result.status == "needs_human" and "endpoint failed: TimeoutError" in result.findings
     assert "Request timed out" in json.loads((tmp_path / "attempt_01" / "builder_error.json").read_text())["error"]
 
 
 @pytest.mark.parametrize("cap, expected", [
-    ({"name": "multilingual_poetry_generation", "description": "Writes sonnets in French. It is the key to the task."},
+    (Capability(name="multilingual_poetry_generation", description="Writes sonnets in French. It is the key to the task."),
      None),
-    ({"name": "empathetic_small_talk", "description": "Keeps the user happy with small talk and is polite to them."},
+    (Capability(name="empathetic_small_talk", description="Keeps the user happy with small talk and is polite to them."),
      None),
-    ({"name": "tool_call_precision", "description": "Anything."}, "tool_call_precision"),
-    ({"name": "exact_tool_arguments", "description": "Anything."}, "tool_call_precision"),
-    ({"name": "schema_exact_arguments", "description": "Calls the tool the ticket needs with exactly the arguments "
-      "its schema allows, with nothing invented. Its absence shows as made-up properties."}, "tool_call_precision"),
+    (Capability(name="tool_call_precision", description="Anything."), "tool_call_precision"),
+    (Capability(name="exact_tool_arguments", description="Anything."), "tool_call_precision"),
+    (Capability(name="schema_exact_arguments", description="Calls the tool the ticket needs with exactly the arguments "
+      "its schema allows, with nothing invented. Its absence shows as made-up properties."), "tool_call_precision"),
 ])
 def test_library_match_needs_content_words_or_an_alias(cap, expected):
     """Shared stop words ("the", "is", "and") never make a match (they used to)."""
     from trace_rl.agents.env_builder import library_match
 
     got = library_match(cap, "tau2:telecom")
-    assert (got and got["name"]) == expected
+    assert (got and got["capability"].name) == expected
     if got:
-        assert got["description"].startswith("Reference environment") and got["why"]
+        assert got["capability"].description.startswith("Reference environment") and got["why"]
 
 
 def test_library_match_is_per_target_domain():
     from trace_rl.agents.env_builder import library_match
 
-    cap = {"name": "precondition_verification", "description": "Checks state first."}
-    assert library_match(cap, "tau2:airline")["name"] == "precondition_verification"
+    cap = Capability(name="precondition_verification", description="Checks state first.")
+    assert library_match(cap, "tau2:airline")["capability"].name == "precondition_verification"
     assert library_match(cap, "tau2:telecom") is None
 
 
@@ -125,7 +126,7 @@ def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_ima
     bad["reference"][-1]["when"] = {"op": "state_equals", "path": "task.refundable", "value": True}
     builder = ScriptedLLM([json.dumps(bad), json.dumps(good)])
     target = Target.of(load_benchmark("tau2:airline"))
-    cap = {"name": "precondition_verification", "description": "Checks rules before acting. Matters."}
+    cap = Capability(name="precondition_verification", description="Checks rules before acting. Matters.")
     result = synthesize(cap, target, builder, tmp_path, max_rounds=2, mode="spec",
                         cfg=VerifyConfig(seeds=12, determinism_seeds=2), log=lambda *a: None)
     assert result.status == "verified" and result.rounds == 2
@@ -194,7 +195,7 @@ def test_a_spec_that_only_renames_the_starter_is_a_finding_and_a_real_one_is_not
     adir.mkdir()
     (adir / "spec.json").write_text(json.dumps(copy))
     (adir / "env.py").write_text("# rendered")
-    report = verify_attempt({"round": 1, "env": str(adir / "env.py")}, {"name": "precondition_verification"}, target)
+    report = verify_attempt({"round": 1, "env": str(adir / "env.py")}, Capability(name="precondition_verification"), target)
     assert not report["passed"] and "starter_copy" in report["feedback"]
     assert "precondition_verification decides the reward" in report["feedback"]
 

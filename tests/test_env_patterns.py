@@ -12,6 +12,7 @@ from doubles import ScriptedLLM
 from test_spec_runtime import call, play, spec_env  # the runtime as the sandbox sees it
 from trace_rl.agents import env_patterns
 from trace_rl.agents.env_patterns import PatternError, choice_model, expand, parse_choice
+from trace_rl.core.records import Capability
 
 
 def choice_schema(tools: list[dict]) -> dict:
@@ -299,7 +300,7 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     builder = RecordingLLM([json.dumps(misfit), json.dumps(GUARDED)])
     monkeypatch.setattr(env_builder, "check_in_sandbox", lambda spec, tools: spec_env.check_spec(spec, tools))
     monkeypatch.setattr(env_builder, "verify", lambda *a, **k: VerifierReport([]))  # the sandbox's verdict: passed
-    cap = {"name": "precondition_verification", "description": "Checks the account before acting."}
+    cap = Capability(name="precondition_verification", description="Checks the account before acting.")
     record = synthesize_round(cap, target, builder, tmp_path, 1, mode=builder_mode("pattern", builder),
                               log=lambda *a: None)
     adir = tmp_path / "attempt_01"
@@ -313,20 +314,20 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     manifest = json.loads((adir / "manifest.json").read_text())
     assert manifest["origin"] == "pattern:guarded_action" and manifest["note"] == PATTERN_NOTE
     assert record.status == "verified" and record.source == "pattern:guarded_action"
-    (row,) = [r for r in stage_summary({"envs": {cap["name"]: record}}) if r["stage"] == "synthesise"]
+    (row,) = [r for r in stage_summary({"envs": {cap.name: record}}) if r["stage"] == "synthesise"]
     assert PATTERN_NOTE in row["detail"] and "guarded_action" in row["detail"]
-    from trace_rl.core.records import AdapterRecord, TrainedOn
+    from trace_rl.core.records import AdapterRecord
 
-    adapter = AdapterRecord(trained_on=TrainedOn(name=cap["name"], description=""), steps=4)
-    (row,) = [r for r in stage_summary({"envs": {cap["name"]: record}, "adapters": {cap["name"]: adapter}})
+    adapter = AdapterRecord(trained_on=Capability(name=cap.name, description=""), steps=4)
+    (row,) = [r for r in stage_summary({"envs": {cap.name: record}, "adapters": {cap.name: adapter}})
               if r["stage"] == "train"]
     assert "pattern-built env" in row["detail"]  # the trained row says what it trained on, too
     previous, _ = env_builder.previous_round(tmp_path, 2)
     assert json.loads(previous) == GUARDED  # a next round shows the model its choice, not code's spec
 
 
-PRECONDITION = {"name": "precondition_verification", "description": "Checks the policy's preconditions (the "
-                "eligibility rules) before calling a tool that changes the database."}
+PRECONDITION = Capability(name="precondition_verification", description="Checks the policy's preconditions (the "
+                "eligibility rules) before calling a tool that changes the database.")
 COMPUTE = {"pattern": "compute_then_act", "write_tool": "send_certificate", "amount_argument": "amount",
            "unit": "night", "request": "compensate me"}
 
@@ -359,7 +360,7 @@ def test_a_target_with_one_pattern_gets_a_menu_and_a_grammar_and_one_with_none_a
 
 
 def test_a_misfit_only_points_at_patterns_the_target_offers():
-    refunds = {"name": "refund_totals", "description": "Works out refund amounts and totals."}
+    refunds = Capability(name="refund_totals", description="Works out refund amounts and totals.")
     assert env_patterns.misfit(refunds, "exact_arguments")  # compute_then_act would fit...
     # ...but a target without a number argument cannot offer it: the choice is left to the model
     assert env_patterns.misfit(refunds, "exact_arguments", ["exact_arguments", "lookup_then_act"]) is None
@@ -370,9 +371,9 @@ def test_a_pattern_from_another_family_is_a_misfit_that_names_the_fitting_one():
     assert why and "guarded_action" in why and "precondition_verification" in why
     assert env_patterns.misfit(PRECONDITION, "guarded_action") is None
     # a description in none of the families' words leaves the choice to the model
-    assert env_patterns.misfit({"name": "politeness", "description": "Greets the user warmly."}, "multi_write") is None
+    assert env_patterns.misfit(Capability(name="politeness", description="Greets the user warmly."), "multi_write") is None
     # a phone *number* is no numerical reasoning
-    precision = {"name": "tool_call_precision", "description": "Passes the customer's phone number exactly."}
+    precision = Capability(name="tool_call_precision", description="Passes the customer's phone number exactly.")
     assert env_patterns.misfit(precision, "exact_arguments") is None
     assert "exact_arguments" in env_patterns.misfit(precision, "compute_then_act")
 
@@ -431,7 +432,7 @@ def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
     assert "- guarded_action:" in builder.requests[0][0]["content"]
     assert "- compute_then_act:" not in builder.requests[0][0]["content"]
     everything = env_patterns.decode_schema(target.tools)
-    polite = {"name": "politeness", "description": "Greets the user warmly."}
+    polite = Capability(name="politeness", description="Greets the user warmly.")
     assert env_patterns.fitting(polite, everything) == everything
 
 

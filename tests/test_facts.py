@@ -3,6 +3,7 @@ import json
 
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.facts import metric_for, render_facts, trajectory_facts, transfer_metrics
+from trace_rl.core.records import Capability
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
     "type": "object", "properties": {"reservation_id": {"type": "string"}, "count": {"type": "integer"}},
@@ -57,15 +58,15 @@ def test_transfer_metric_is_the_share_of_episodes_with_the_failure():
     careless = traj(call("cancel_reservation", reservation_id="ABC123"), tool("{}"))
     careful = traj(call("get_reservation_details", reservation_id="ABC123"), tool("ABC123"),
                    call("cancel_reservation", reservation_id="ABC123"), tool("{}"))
-    cap = {"name": "precondition_verification", "description": "Checks before acting."}
+    cap = Capability(name="precondition_verification", description="Checks before acting.")
     m = transfer_metrics([careless, careful, careful, careful], [cap], TOOLS)["precondition_verification"]
     assert m["metric"] == "write_without_read" and m["with_fact"] == 1 and m["rate"] == 0.25
     assert m["ci95"][0] < 0.25 < m["ci95"][1]
-    assert metric_for({"name": "tool_call_precision", "description": ""}) == "ungrounded_arguments"
-    assert metric_for({"name": "schema_adherence", "description": ""}) == "invalid_arguments"
-    informed = {"name": "argument_precision", "description": "Fills arguments only with information it was given."}
+    assert metric_for(Capability(name="tool_call_precision", description="")) == "ungrounded_arguments"
+    assert metric_for(Capability(name="schema_adherence", description="")) == "invalid_arguments"
+    informed = Capability(name="argument_precision", description="Fills arguments only with information it was given.")
     assert metric_for(informed) == "ungrounded_arguments"  # "format" inside "information" is no match
-    assert metric_for({"name": "polite_style", "description": "Is polite."}) == "tool_errors"
+    assert metric_for(Capability(name="polite_style", description="Is polite.")) == "tool_errors"
 
 
 def test_the_summary_counts_each_fact_over_failed_and_passed_with_examples():

@@ -400,18 +400,18 @@ def test_llama_cpp_serves_the_base_row_and_each_trained_adapter_alone(tmp_path):
     from dataclasses import replace
 
     from graph_doubles import components
-    from trace_rl.core.records import AdapterRecord, TrainedOn
+    from trace_rl.core.records import AdapterRecord, Capability
     from trace_rl.graph.pipeline import Pipeline
 
     pipe = Pipeline(tmp_path, config())
     assert pipe.comps.lora_agent is None and pipe._llama_cpp_rows({}) == {}  # the doubles: all in-process
     pipe.__dict__["comps"] = replace(components(pipe.cfg), lora_agent=lambda adapter: f"llama.cpp+{adapter}")
-    lib = TrainedOn(name="library_env", description="a library env")
+    lib = Capability(name="library_env", description="a library env")
     adapters = {"a": AdapterRecord(trained_on=lib, adapter="/ad/a"), "b": AdapterRecord(trained_on=lib, adapter="/ad/b"),
-                "c": AdapterRecord(trained_on=TrainedOn(name="c"), adapter="/ad/c", untrained=True)}
+                "c": AdapterRecord(trained_on=Capability(name="c"), adapter="/ad/c", untrained=True)}
     assert pipe._llama_cpp_rows({"adapters": adapters}) == {
         "base": "llama.cpp+None", "library_env": "llama.cpp+/ad/a", "library_env@b": "llama.cpp+/ad/b"}
-    moe = {"moe": AdapterRecord(trained_on=TrainedOn(name="moe"), adapter="/ad/m")}  # a mode's name is reserved
+    moe = {"moe": AdapterRecord(trained_on=Capability(name="moe"), adapter="/ad/m")}  # a mode's name is reserved
     assert pipe._llama_cpp_rows({"adapters": moe}) == {"base": "llama.cpp+None", "moe@moe": "llama.cpp+/ad/m"}
 
 
@@ -453,12 +453,12 @@ def test_rows_llama_cpp_serves_do_not_load_the_in_process_composition(tmp_path, 
 
     import trace_rl.evals.evaluate as ev
     from graph_doubles import components
-    from trace_rl.core.records import AdapterRecord, TrainedOn
+    from trace_rl.core.records import AdapterRecord, Capability
     from trace_rl.graph.pipeline import Pipeline
 
     (tmp_path / "composition").mkdir()
     (tmp_path / "composition" / "manifest.json").write_text(json.dumps({"adapters": ["lookup"]}))
-    adapters = {"lookup": AdapterRecord(trained_on=TrainedOn(name="lookup"), adapter="/ad/lookup")}
+    adapters = {"lookup": AdapterRecord(trained_on=Capability(name="lookup"), adapter="/ad/lookup")}
     state = {"composition": str(tmp_path / "composition"), "adapters": adapters}
     seen = []
     monkeypatch.setattr(ev, "evaluate", lambda bench, policies, *a, **kw: seen.append(dict(policies)) or {})
@@ -545,11 +545,11 @@ def test_a_moved_run_still_says_its_envs_were_not_calibrated(tmp_path):
 
 
 def test_a_train_row_says_when_the_base_already_passed_every_held_out_seed():
-    from trace_rl.core.records import AdapterRecord, HeldOut, TrainedOn
+    from trace_rl.core.records import AdapterRecord, Capability, HeldOut
     from trace_rl.graph.report import stage_summary
 
     def row(before: float) -> str:
-        a = AdapterRecord(trained_on=TrainedOn(name="cap", description=""), steps=4,
+        a = AdapterRecord(trained_on=Capability(name="cap", description=""), steps=4,
                           before=HeldOut(success=before, mean_reward=before, episodes=16),
                           after=HeldOut(success=1.0, mean_reward=1.0, episodes=16))
         return next(r for r in stage_summary({"adapters": {"cap": a}}) if r["stage"] == "train")["detail"]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from trace_rl.agents.verifier import VerifyConfig, automatic_checks, group_stats
+from trace_rl.core.records import Capability
 
 pytestmark = [pytest.mark.docker, pytest.mark.ci, pytest.mark.slow]
 CFG = VerifyConfig(seeds=20, determinism_seeds=3)
@@ -127,9 +128,9 @@ def test_calibration_gates_unless_told_it_is_advisory(monkeypatch):
 
     monkeypatch.setattr(v, "automatic_checks", lambda code, tools, cfg: ([v.Finding("contract", True, "ok")], {}))
     monkeypatch.setattr(v, "calibrate", lambda code, policy, cfg: {**group_stats([[0.0] * 4] * 4, cfg), "groups": []})
-    gated = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(), base_policy=object())
+    gated = v.verify("code", [], Capability(name="x_y", description="d"), VerifyConfig(), base_policy=object())
     assert not gated.passed and "outside bounds: mean_reward" in gated.failures()[0].detail
-    advisory = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(calibration_gate=False),
+    advisory = v.verify("code", [], Capability(name="x_y", description="d"), VerifyConfig(calibration_gate=False),
                         base_policy=object())
     assert advisory.passed and "(advisory: not gating)" in advisory.findings[-1].detail
     assert advisory.calibration["mean_reward"] == 0.0
@@ -154,7 +155,7 @@ def test_review_pass_with_findings_is_a_fail(monkeypatch, answer, verdict_passes
     from doubles import ScriptedLLM
 
     v = _passing_checks(monkeypatch)
-    report = v.verify(REVIEWED, [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+    report = v.verify(REVIEWED, [], Capability(name="x_y", description="d"), VerifyConfig(),
                       reviewer=ScriptedLLM([answer]))
     review = next(f for f in report.findings if f.check == "llm_review")
     assert review.passed is verdict_passes and report.passed is verdict_passes
@@ -173,7 +174,7 @@ def test_a_review_finding_that_restates_the_rubric_is_discarded_and_counted(monk
     parrot = prompts.load("verifier_review").split("Look for:")[1].split("Answer with")[0]
     parrot = " ".join(parrot.replace("\n", " ").replace("- ", "").split())
     answer = json.dumps({"verdict": "fail", "findings": [parrot]})
-    report = v.verify(REVIEWED, [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+    report = v.verify(REVIEWED, [], Capability(name="x_y", description="d"), VerifyConfig(),
                       reviewer=ScriptedLLM([answer]))
     review = next(f for f in report.findings if f.check == "llm_review")
     assert review.passed and report.passed
@@ -181,7 +182,7 @@ def test_a_review_finding_that_restates_the_rubric_is_discarded_and_counted(monk
     assert "1 finding(s) discarded" in review.detail and "no evidence" in review.detail
     # one grounded finding next to the parrot: the review fails on that one alone
     answer = json.dumps({"verdict": "fail", "findings": [parrot, "reward() pays any reply naming a city"]})
-    report = v.verify(REVIEWED, [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+    report = v.verify(REVIEWED, [], Capability(name="x_y", description="d"), VerifyConfig(),
                       reviewer=ScriptedLLM([answer]))
     assert not report.passed and report.review["findings"] == ["reward() pays any reply naming a city"]
 
@@ -190,7 +191,7 @@ def test_review_without_a_valid_verdict_is_a_fail_not_a_crash(monkeypatch):
     from doubles import ScriptedLLM
 
     v = _passing_checks(monkeypatch)
-    report = v.verify("code", [], {"name": "x_y", "description": "d"}, VerifyConfig(),
+    report = v.verify("code", [], Capability(name="x_y", description="d"), VerifyConfig(),
                       reviewer=ScriptedLLM(['{"verdict": "looks fine"}'] * 3))
     assert not report.passed and "no valid verdict" in report.failures()[0].detail
 
@@ -240,7 +241,7 @@ def test_calibration_runs_for_real_in_the_sandbox(sandbox_image, p_right, accept
     from trace_rl.agents.verifier import verify
 
     cfg = VerifyConfig(seeds=6, determinism_seeds=1, calib_seeds=6, calib_samples=8)
-    report = verify(ENV, [TOOL], {"name": "say_letter_a", "description": "d"}, cfg, base_policy=_coin_policy(p_right))
+    report = verify(ENV, [TOOL], Capability(name="say_letter_a", description="d"), cfg, base_policy=_coin_policy(p_right))
     calib = next(f for f in report.findings if f.check == "calibration")
     assert len(report.calibration["groups"]) == 6 and all(len(g) == 8 for g in report.calibration["groups"])
     assert calib.passed is accepted and report.passed is accepted

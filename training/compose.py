@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from trace_rl import prompts
+from trace_rl.core.records import Capability
 from trace_rl.core.rundir import CompositionDir, TrainDir
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.models.engine import Engine
@@ -44,7 +45,7 @@ class ClassifierRouter:
     everything), so the capabilities are shown in every cyclic order and each one's
     log-probability is averaged over the positions it took (base stays option A)."""
 
-    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict]):
+    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[Capability]):
         if len(capabilities) + 1 > len(LETTERS):
             raise ValueError(f"the router handles at most {len(LETTERS) - 1} capabilities")
         self.moe, self.tok, self.caps = moe, tokenizer, capabilities
@@ -53,7 +54,7 @@ class ClassifierRouter:
     def prompt(self, messages: list[dict], order: list[int] | None = None) -> str:
         order = list(range(len(self.caps))) if order is None else order
         options = ["A) base: none of the capabilities below is needed"] + [
-            f"{LETTERS[pos + 1]}) {self.caps[i]['name']}: {self.caps[i]['description']}" for pos, i in enumerate(order)]
+            f"{LETTERS[pos + 1]}) {self.caps[i].name}: {self.caps[i].description}" for pos, i in enumerate(order)]
         text = prompts.load("router", task=task_text(messages), options="\n".join(options))
         return render(self.tok, [{"role": "user", "content": text}], add_generation_prompt=True)
 
@@ -83,7 +84,7 @@ class ClassifierRouter:
 class Composition:
     """One base model with n adapters; `policy(mode)` gives an agent policy for each mode."""
 
-    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict], name: str = "composed",
+    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[Capability], name: str = "composed",
                  max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384):
         self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
         self.modes = _modes(capabilities)
@@ -136,7 +137,7 @@ def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]],
     return rows, too_long
 
 
-def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[dict],
+def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[Capability],
             conversations: list[tuple[list[dict], list[dict]]], out_dir: str | Path, epochs: int = 3,
             lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3, max_len: int = 16384,
             sources: dict[str, int] | None = None) -> LoRAMoE:
@@ -146,7 +147,7 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
     rows, too_long = gate_examples(tokenizer, conversations, max_len)
     losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
-    moe.save(out_dir, capabilities=capabilities, gate_training={
+    moe.save(out_dir, capabilities=[c.model_dump() for c in capabilities], gate_training={
         "examples": len(rows), "offered": len(conversations), "too_long": too_long, "max_len": max_len,
         "epochs": epochs, "lr": lr, "weight_decay": weight_decay, "lb_weight": lb_weight,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
@@ -154,13 +155,14 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     return moe
 
 
-def _modes(caps: list[dict]) -> list[str]:
-    return ["base", *[c["name"] for c in caps], "router", "moe"]
+def _modes(caps: list[Capability]) -> list[str]:
+    return ["base", *[c.name for c in caps], "router", "moe"]
 
 
-def _capabilities(path: str | Path) -> list[dict]:
+def _capabilities(path: str | Path) -> list[Capability]:
     manifest = json.loads(CompositionDir(path).manifest.read_text())
-    return manifest.get("capabilities") or [{"name": n, "description": n} for n in manifest["adapters"]]
+    return [Capability.model_validate(c) for c in manifest.get("capabilities") or []] or [
+        Capability(name=n, description=n) for n in manifest["adapters"]]
 
 
 def load(model, tokenizer, path: str | Path, **kw) -> Composition:
@@ -248,7 +250,7 @@ def compose_trained(adapters: dict, train: Callable[[str], TrainDir], out_dir: s
             convs += [(t.messages, tools) for t in TrajectoryStore(store).all() if t.passed]
         sources[names[name]] = len(convs) - before
     model, tok = load_base()
-    caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
+    caps = [Capability(name=names[n], description=v.trained_on.description or n) for n, v in trained.items()]
     compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, sources=sources,
             **gate_training)
     if why := gates_untrained(out):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.records import AdapterRecord, HeldOut, TrainedOn
+from trace_rl.core.records import AdapterRecord, Capability, HeldOut
 from trace_rl.core.rundir import GRPODir, TrainDir
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.report import summarize
@@ -53,7 +53,7 @@ def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: 
     reward; no hints), with the settings and the rollout budget of the capabilities' GRPO."""
     out = GRPODir(out_dir)
     adapter, steps, curve, untrained = grpo("grpo_target", bench, task_ids, load_base, out, settings, log)
-    record = AdapterRecord(trained_on=TrainedOn(name="target", description=f"{bench.name}: {len(task_ids)} tasks"),
+    record = AdapterRecord(trained_on=Capability(name="target", description=f"{bench.name}: {len(task_ids)} tasks"),
                            adapter=adapter, steps=steps, curve=curve, untrained=untrained)
     atomic_write_json(out.report, {"capability": "grpo_target", **record.model_dump()})
     log(f"GRPO on {bench.name}: {steps} steps x {settings.group_size * settings.groups_per_step} episodes"
@@ -73,7 +73,7 @@ def target_policy(record: AdapterRecord, load_base: Callable[[], tuple], max_new
 
 
 def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
-                     settings: GRPOSettings, *, trained_on: TrainedOn, train_seeds: int = 1000,
+                     settings: GRPOSettings, *, trained_on: Capability, train_seeds: int = 1000,
                      heldout_seeds: int = 20, substitute: str | None = None, log=print) -> AdapterRecord | None:
     """Held-out before, GRPO, held-out after, for one capability's environment module `env`.
 
