@@ -211,6 +211,13 @@ class RunDir(Folder):
     def analysis(self, i: int = 0) -> AnalysisDir:
         return AnalysisDir(self.iteration(i) / ITERATION_OUTPUTS["analyse"])
 
+    def rollout_stores(self, i: int = 0) -> list[Path]:
+        """The trajectory stores the analysis of iteration `i` reads: its rollouts; in a folder that is no
+        pipeline run (`trace-rl eval --out`, analysed on its own), every store under it."""
+        if self.rollouts(i).is_dir() or not self.root.is_dir():
+            return [self.rollouts(i)]
+        return sorted(p.parent for p in self.root.rglob("trajectories.jsonl"))
+
     def eval(self, i: int = 0) -> EvalDir:
         return EvalDir(self.iteration(i) / ITERATION_OUTPUTS["evaluate"])
 

@@ -405,10 +405,11 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
     from trace_rl.core.records import Capability
-    from trace_rl.graph.config import RunConfig, section_settings
-    from trace_rl.training.grpo import PRESETS, GRPOSettings
+    from trace_rl.graph.config import section_settings
+    from trace_rl.graph.pipeline import Pipeline
     from trace_rl.models.hf_policy import load_model
-    from trace_rl.training.train import train_capability, train_on_target
+    from trace_rl.training.grpo import PRESETS, GRPOSettings
+    from trace_rl.training.train import train_on_target
 
     if preset not in PRESETS:
         _fail(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -430,11 +431,11 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     code_path = Path(env)
     if not code_path.is_file():
         _fail(f"no environment module at {env}")
-    name, defaults = name or code_path.stem, RunConfig()
-    entry = train_capability(name, code_path.resolve(), RunDir(out).train(name), lambda: load_model(model), settings,
-                             trained_on=Capability(name=name, description=name), log=console.print,
-                             train_seeds=train_seeds or defaults.train_seeds,
-                             heldout_seeds=heldout or defaults.heldout_seeds)
+    name = name or code_path.stem
+    cfg = _stage_config(RunDir(out), {"train_model": model, "grpo": settings.model_dump(), "train_seeds": train_seeds,
+                                      "heldout_seeds": heldout})
+    entry = Pipeline(out, cfg, log=console.print).train_env(name, str(code_path.resolve()),
+                                                            Capability(name=name, description=name))
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports
         return
     console.print(f"[bold]{name}[/]: {entry.steps} GRPO steps; held-out success "
@@ -445,29 +446,28 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
 @app.command()
 def build(run_dir: str = typer.Argument(..., help="run directory analysed by `trace-rl analyze`"),
           capability: str = typer.Option(None, help="capability name (default: the best kept one)"),
-          benchmark: str = typer.Option(None, help="target benchmark (default: that of the failed examples)"),
+          benchmark: str = typer.Option(None, help="target benchmark (default: the run's, or that of the failed "
+                                                   "examples)"),
           bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
           builder: str = typer.Option(None, help="env-builder model (default: the run config's builder.model)"),
           builder_url: str = typer.Option(None, help="endpoint serving --builder"),
           max_tokens: int = typer.Option(None, min=16, help="builder answer length (default: builder.max_tokens)"),
           rounds: int = typer.Option(None, min=1, help="builder/verifier rounds before a human is asked "
                                                        "(default: build_rounds)"),
-          mode: str = typer.Option("auto", help="spec (a JSON spec, for small local models), pattern (the model "
-                                                "picks an env shape and its tools, code writes the spec), code (a "
-                                                "Python module), auto (pattern for an embedded model)"),
+          mode: str = typer.Option(None, help="spec (a JSON spec, for small local models), pattern (the model "
+                                              "picks an env shape and its tools, code writes the spec), code (a "
+                                              "Python module), auto (pattern for an embedded model; the default)"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
           calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
+          serve: str = typer.Option(None, help="llama.cpp (CPU) or hf (the batching engine: a GPU); default: the "
+                                               "run's"),
           set_: list[str] = typer.Option(None, "--set", help="a verifier setting, e.g. --set calib_seeds=10 "
                                                             "(the run config's `verify:` fields)")):
-    """Synthesise one capability's training environment: build → verify in the sandbox → findings back."""
-    from trace_rl.agents.analyst import compact
-    from trace_rl.agents.env_builder import Target, builder_mode, synthesize
-    from trace_rl.models.llm import LLM, LLMConfig
-    from trace_rl.agents.verifier import VerifyConfig
+    """Synthesise one capability's training environment: build → verify in the sandbox → findings back.
+    The pipeline's synthesise step, on the run's config (a pipeline run) with these options over it."""
     from trace_rl.core.io import atomic_write_json
     from trace_rl.core.records import CapabilityRecord
-    from trace_rl.evals.benchmark import load_benchmark
-    from trace_rl.graph.config import RunConfig, section_settings
+    from trace_rl.graph.pipeline import Pipeline
 
     run = RunDir(run_dir)
     caps_path = analysis_dir(run).capabilities
@@ -481,24 +481,36 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     cap = pick[0]
     trajs = {t.key: t for t in rollout_trajectories(run)}
     examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
-    bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
-                           options=_overrides(bench_opt, "--bench-opt"))
-    defaults = RunConfig()
-    model = LLM(LLMConfig(model=builder or defaults.builder.model, base_url=builder_url,
-                          max_tokens=max_tokens or defaults.builder.max_tokens))
-    cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
-    base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
-    out = run.env(cap.name)
-    t0 = time.perf_counter()
-    record = synthesize(cap, Target.of(bench), model, out, max_rounds=rounds or defaults.build_rounds,
-                        examples=[compact(t, 3000) for t in examples], mode=builder_mode(mode, model),
-                        reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
-    u, secs = model.usage, time.perf_counter() - t0
-    atomic_write_json(out.result, {**record.model_dump(), "cost": {
+    cfg = _stage_config(run, {
+        "benchmark": benchmark or (None if run.config.is_file() else examples[0].benchmark if examples else None),
+        "benchmark_options": _overrides(bench_opt, "--bench-opt") or None, "serve": serve, "builder_mode": mode,
+        "builder": {"model": builder, "base_url": builder_url, "max_tokens": max_tokens}, "build_rounds": rounds,
+        "verify": _overrides(set_) or None, **({"calibrate": True, "base_model": calibrate} if calibrate else
+                                                 {} if run.config.is_file() else {"calibrate": False})})
+    pipe = Pipeline(run.root, cfg, log=console.print)
+    if not review:
+        pipe.comps.reviewer = None
+    state, t0, record = {"iteration": _rollout_iteration(run), "capabilities": [cap], "current": cap.name}, \
+        time.perf_counter(), None
+    while record is None:  # the last round always gives one
+        out = pipe.synthesise(state)
+        state["rounds"], record = out["rounds"], (out.get("envs") or {}).get(cap.name)
+    u, secs = pipe.comps.builder.usage, time.perf_counter() - t0
+    atomic_write_json(run.env(cap.name).result, {**record.model_dump(), "cost": {
         "builder_calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
         "wall_seconds": secs}})
-    console.print(f"[bold]{cap.name}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
-                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {secs:.0f}s; attempts in {out}")
+    console.print(f"[bold]{cap.name}[/] on {cfg.benchmark}: {record.status} after {record.rounds} round(s); "
+                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {secs:.0f}s; attempts in {run.env(cap.name)}")
+
+
+def _stage_config(run: RunDir, options: dict):
+    """The run config a stage command runs with: the run's own (or the defaults) with the options given."""
+    from trace_rl.graph.config import config_for
+
+    def given(d: dict) -> dict:  # unset options leave the config as it is
+        return {k: given(v) if isinstance(v, dict) else v for k, v in d.items()
+                if v is not None and (not isinstance(v, dict) or given(v))}
+    return config_for(run, given(options))
 
 
 def sample_turns(traj, n: int = 4) -> str:
@@ -515,11 +527,8 @@ def _rollout_iteration(run: RunDir) -> int:
 
 
 def rollout_trajectories(run: RunDir) -> list:
-    """The rollouts `trace-rl analyze` reads: the latest iteration's, as the pipeline's analysis does; in a
-    folder that is not a pipeline run (`trace-rl eval --out`), every trajectory under it."""
-    rollouts = run.rollouts(_rollout_iteration(run))
-    stores = [rollouts] if rollouts.is_dir() else sorted(p.parent for p in run.root.rglob("trajectories.jsonl"))
-    return [t for store in stores for t in TrajectoryStore(store).all()]
+    """The rollouts `trace-rl analyze` reads: those the pipeline's analysis reads (RunDir.rollout_stores)."""
+    return [t for store in run.rollout_stores(_rollout_iteration(run)) for t in TrajectoryStore(store).all()]
 
 
 def analysis_dir(run: RunDir):
@@ -532,28 +541,24 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
             model: str = typer.Option(None, help="analyst model (default: the run config's analyst.model)"),
             base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
             max_tokens: int = typer.Option(None, min=16, help="analyst answer length (default: analyst.max_tokens)"),
+            serve: str = typer.Option(None, help="llama.cpp (CPU) or hf (the batching engine: a GPU); default: the "
+                                                 "run's"),
             set_: list[str] = typer.Option(None, "--set", help="an analysis setting, e.g. --set n_runs=10 --set k=8 "
                                                               "(the run config's `analysis:` fields)")):
-    """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
-    from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
-    from trace_rl.models.llm import LLM, LLMConfig
-    from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
-    from trace_rl.graph.config import RunConfig, section_settings
+    """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation. The pipeline's analyse
+    step, on the run's config (a pipeline run) with these options over it."""
+    from trace_rl.graph.pipeline import Pipeline
 
     run = RunDir(run_dir)
     trajs = rollout_trajectories(run)
     if not trajs:
         _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run.rollouts()}` first")
-    cfg = section_settings(AnalysisConfig, "analysis", _overrides(set_))
-    analyst = RunConfig().analyst
-    llm = LLM(LLMConfig(model=model or analyst.model, base_url=base_url, max_tokens=max_tokens or analyst.max_tokens))
+    cfg = _stage_config(run, {"benchmark": None if run.config.is_file() else trajs[0].benchmark, "serve": serve,
+                              "analyst": {"model": model, "base_url": base_url, "max_tokens": max_tokens},
+                              "analysis": _overrides(set_) or None})
+    pipe = Pipeline(run.root, cfg, log=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
+    results = pipe.analyse({"iteration": _rollout_iteration(run)})["capabilities"]
     out = analysis_dir(run)
-    try:  # the target's tool schemas, for the facts the analyst cites (argument checks need them)
-        tools = load_benchmark(trajs[0].benchmark).spec()["tools"]
-    except BenchmarkError:
-        tools = None
-        console.print(f"[yellow]{trajs[0].benchmark} is not a known benchmark: facts without schema checks[/]")
-    results = run_analysis(trajs, llm, out, cfg, tools=tools)
     summary = json.loads(out.capabilities.read_text())
     unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + (f" +{r['unverified']} unverified" if r.get("unverified") else "")
                   + ("" if r["reliable"] else " (unreliable)")
@@ -566,9 +571,9 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
                       f"{r.runs_passed}/{r.n_runs}", "[green]yes[/]" if r.kept else "no", r.reason,
                       ", ".join(r.example_failed_task_ids[:2]))
     console.print(table)
-    u = llm.usage
+    u = pipe.comps.analyst.usage
     console.print(f"analyst cost: {u.calls} calls, {u.prompt_tokens}+{u.completion_tokens} tokens, "
-                  f"{u.seconds:.0f}s in the model; written to [bold]{out}[/] (capabilities.json, cov_delta.png)")
+                  f"{u.seconds:.0f}s in the model; written to [bold]{out.root}[/] (capabilities.json, cov_delta.png)")
 
 
 def main():

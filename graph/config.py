@@ -336,6 +336,16 @@ def load_config(path: str | Path | None = None, preset: str | None = None, overr
     return cfg
 
 
+def config_for(run: RunDir, overrides: dict) -> RunConfig:
+    """The config a stage command runs with: the run directory's own (a pipeline run), else the defaults,
+    with the command's options over it; every model then reached as the pipeline reaches it."""
+    base = load_saved_config(run).model_dump() if run.config.is_file() else {}
+    try:
+        return RunConfig.model_validate(deep_merge(base, overrides))
+    except ValidationError as err:
+        raise ConfigError(describe(err, "options")) from None
+
+
 def save_config(run: RunDir, cfg: RunConfig) -> None:
     atomic_write_json(run.config, cfg.model_dump())
 

@@ -94,7 +94,7 @@ class Components:
 class OnFirstUse:
     """A component made when first used. Under serve=hf each role's model is an engine server started
     when made, so a run resumed on a GPU machine for training would start servers for the analyst and
-    the builder, whose models need not even be there."""
+    the builder, whose models need not even be there (and `trace-rl analyze` one for the agent)."""
 
     def __init__(self, make: Callable[[], Any]):
         self._make, self._made, self._lock = make, None, threading.Lock()
@@ -107,19 +107,21 @@ class OnFirstUse:
 
 
 def default_components(cfg: RunConfig) -> Components:
-    from trace_rl.models.llm import LLM
+    """The real components, each model reached as the config says (`served`: llama.cpp, or an engine server
+    under serve=hf), each made when first used: the pipeline's nodes and the stage commands run on these."""
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.models.hf_policy import load_model
-    from trace_rl.models.llm import served
+    from trace_rl.models.llm import LLM, served
 
     serve = lambda llm: served(llm, cfg.serve, cfg.serve_rows)  # noqa: E731
-    agent = LLM(serve(cfg.agent_llm()))
-    opts = {"max_steps": cfg.agent.max_steps, "user_llm": serve(cfg.user_model or cfg.agent_llm().model_copy(
-        update={"temperature": 0.0}))}
+    agent = OnFirstUse(lambda: LLM(serve(cfg.agent_llm())))
+    opts = lambda: {"max_steps": cfg.agent.max_steps, "user_llm": serve(  # noqa: E731
+        cfg.user_model or cfg.agent_llm().model_copy(update={"temperature": 0.0}))}
     # adapters are trained on the GGUF's own weights (no train_model): llama.cpp can apply them to that GGUF
     by_llama_cpp = cfg.serve == "llama.cpp" and not cfg.agent_llm().base_url and not cfg.train_model
     return Components(
-        benchmark=load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts), agent=agent,
+        benchmark=OnFirstUse(lambda: load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts())),
+        agent=agent,
         analyst=OnFirstUse(lambda: LLM(serve(cfg.analyst))), builder=OnFirstUse(lambda: LLM(serve(cfg.builder))),
         reviewer=OnFirstUse(lambda: LLM(serve(cfg.reviewer or cfg.builder))), calibration=agent if cfg.calibrate else None,
         labeller=OnFirstUse(lambda: LLM(serve(cfg.labeller))) if cfg.labeller else None,
@@ -178,12 +180,22 @@ class Pipeline:
         from trace_rl.agents.analyst import analyze
 
         i = s.get("iteration", 0)
-        trajs = TrajectoryStore(self.run.rollouts(i)).all()
+        trajs = [t for store in self.run.rollout_stores(i) for t in TrajectoryStore(store).all()]
         caps = analyze(trajs, self.comps.analyst, self.run.analysis(i), self.cfg.analysis, progress=True,
-                       tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
+                       tools=self._tools(), labeller=self.comps.labeller)
         out = json.loads(self.run.analysis(i).capabilities.read_text())
         figures = ("trajectories", "passed", "failed", "hollow", "no_contrast", "labelling_runs")
         return {"capabilities": caps, "analysis": {k: out.get(k) for k in figures}}
+
+    def _tools(self) -> list[dict] | None:
+        """The target's tool schemas, for the facts the analyst cites (argument checks need them)."""
+        from trace_rl.evals.benchmark import BenchmarkError
+
+        try:
+            return self.comps.benchmark.spec()["tools"]
+        except BenchmarkError:  # `trace-rl analyze` of rollouts from a benchmark not installed here
+            self.log(f"{self.cfg.benchmark} is not a known benchmark: facts without schema checks")
+            return None
 
     def select(self, s: State) -> dict:
         from langgraph.types import interrupt
@@ -230,8 +242,8 @@ class Pipeline:
         from trace_rl.agents.env_builder import Target, builder_mode, synthesize_round
 
         cap, rnd, c = self.cap(s), s.get("rounds", 0) + 1, self.comps
-        store = TrajectoryStore(self.run.rollouts(s.get("iteration", 0)))
-        examples = [compact(store.get(k), 3000) for k in cap.example_failed_task_ids if k in store]
+        trajs = {t.key: t for p in self.run.rollout_stores(s.get("iteration", 0)) for t in TrajectoryStore(p).all()}
+        examples = [compact(trajs[k], 3000) for k in cap.example_failed_task_ids if k in trajs]
         record = synthesize_round(cap, Target.of(c.benchmark),
                                   c.builder, self.run.env(cap.name), rnd, examples=examples,
                                   reviewer=c.reviewer, base_policy=c.calibration, cfg=self.cfg.verify,
@@ -259,16 +271,21 @@ class Pipeline:
 
     # -- 4. training, once every environment is built: held-out before, GRPO, held-out after
     def train(self, s: State) -> dict:
-        from trace_rl.training.train import train_capability
-
-        name, cfg = self.untrained(s), self.cfg
+        name = self.untrained(s)
         env = s["envs"][name]
         cap = next((c for c in s.get("capabilities") or [] if c.name == name), None)
         trained_on = env.trained_on or Capability(name=name, description=cap.description if cap else name)
-        record = train_capability(name, self.here(env.env), self.run.train(name), self.comps.load_base, cfg.grpo,
-                                  trained_on=trained_on, train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds,
-                                  substitute=env.substitute, log=self.log)
-        return {"adapters": {name: record}}
+        return {"adapters": {name: self.train_env(name, self.here(env.env), trained_on, env.substitute)}}
+
+    def train_env(self, name: str, env: str, trained_on: Capability, substitute: str | None = None):
+        """One capability's training on its environment module (also `trace-rl train ENV`); None on a
+        data-parallel rank other than 0."""
+        from trace_rl.training.train import train_capability
+
+        cfg = self.cfg
+        return train_capability(name, env, self.run.train(name), self.comps.load_base, cfg.grpo, trained_on=trained_on,
+                                train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds, substitute=substitute,
+                                log=self.log)
 
     # -- 5. composition and evaluation
     def compose(self, s: State) -> dict:

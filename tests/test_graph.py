@@ -557,3 +557,26 @@ def test_a_train_row_says_when_the_base_already_passed_every_held_out_seed():
     assert row(1.0).endswith("held-out success 100% → 100% (the base already passed every held-out seed: "
                              "the env is too easy for it)")
     assert "too easy" not in row(0.5)
+
+
+def test_the_stage_commands_run_the_pipelines_steps_on_a_pipeline_made_run(reference, tmp_path):
+    """`trace-rl analyze RUN` and `trace-rl build RUN` on a run the pipeline made: they find its rollouts,
+    analysis and attempts where the pipeline put them (iter_0/..., envs/...), on the run's own config
+    (here its scripted components), so every cached step is reused and nothing lands beside them."""
+    from typer.testing import CliRunner
+
+    from trace_rl.graph.cli import app
+
+    run = tmp_path / "run"
+    shutil.copytree(reference[0], run)
+    before = json.loads((run / "iter_0/analysis/capabilities.json").read_text())["capabilities"]
+    analysed = CliRunner().invoke(app, ["analyze", str(run)])
+    assert analysed.exit_code == 0, analysed.output
+    assert "12 trajectories, 6 failed" in analysed.output and not (run / "analysis").exists()
+    after = json.loads((run / "iter_0/analysis/capabilities.json").read_text())["capabilities"]
+    assert [(c["name"], c["kept"]) for c in after] == [(c["name"], c["kept"]) for c in before]
+    built = CliRunner().invoke(app, ["build", str(run), "--capability", "lookup_before_answering"])
+    assert built.exit_code == 0, built.output
+    result = json.loads((run / "envs/lookup_before_answering/result.json").read_text())
+    assert (result["status"], result["rounds"], result["cost"]["builder_calls"]) == ("verified", 2, 0)  # both cached
+    assert sorted(p.name for p in (run / "envs/lookup_before_answering").glob("attempt_*")) == ["attempt_01", "attempt_02"]

@@ -50,3 +50,20 @@ def test_the_cli_reads_the_rollouts_and_capabilities_the_pipeline_wrote(tmp_path
     folder = RunDir(tmp_path / "eval-out")  # `trace-rl eval --out` made it: no iterations, every trajectory counts
     TrajectoryStore(folder.root).add(traj("x", True))
     assert [t.task_id for t in rollout_trajectories(folder)] == ["x"]
+
+
+def test_a_stage_command_reaches_its_models_as_the_pipeline_does(tmp_path, monkeypatch):
+    """`trace-rl analyze --serve hf` (any stage command) gets its models through the pipeline's components:
+    served as the config says, where the commands used to make their own LLMs and serve=hf never reached them."""
+    import trace_rl.models.llm as llm
+    from trace_rl.graph.cli import _stage_config
+    from trace_rl.graph.pipeline import Pipeline
+
+    seen = []
+    monkeypatch.setattr(llm, "served", lambda cfg, serve, rows=64: seen.append(serve) or cfg.model_copy(
+        update={"base_url": f"http://{serve}.test/v1"}))
+    cfg = _stage_config(RunDir(tmp_path), {"serve": "hf", "analyst": {"model": "qwen2.5-coder-0.5b", "base_url": None},
+                                           "builder": {"max_tokens": None}})
+    comps = Pipeline(tmp_path, cfg).comps
+    assert comps.analyst.config.base_url == "http://hf.test/v1" and comps.analyst.config.model == "qwen2.5-coder-0.5b"
+    assert comps.builder.config.max_tokens == cfg.builder.max_tokens and seen == ["hf", "hf"]
