@@ -239,7 +239,8 @@ class Pipeline:
     # -- 3. synthesis: one builder/verifier round per visit, then approval
     def synthesise(self, s: State) -> dict:
         from trace_rl.agents.analyst import compact
-        from trace_rl.agents.env_builder import Target, builder_mode, synthesize_round
+        from trace_rl.agents.builders import Target
+        from trace_rl.agents.env_builder import builder_mode, synthesize_round
 
         cap, rnd, c = self.cap(s), s.get("rounds", 0) + 1, self.comps
         trajs = {t.key: t for p in self.run.rollout_stores(s.get("iteration", 0)) for t in TrajectoryStore(p).all()}

@@ -11,7 +11,8 @@ import json
 import time
 from pathlib import Path
 
-from trace_rl.agents.env_builder import Target, synthesize
+from trace_rl.agents.builders import Target
+from trace_rl.agents.env_builder import synthesize
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.models.llm import LLM, LLMConfig

@@ -4,7 +4,9 @@ from pathlib import Path
 import pytest
 
 from doubles import ScriptedLLM
-from trace_rl.agents.env_builder import EnvDraft, Target, parse_draft, reference_example, synthesize
+from trace_rl.agents.builders import Target
+from trace_rl.agents.builders.code import EnvDraft, parse_draft, reference_example
+from trace_rl.agents.env_builder import synthesize
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.records import Capability
 
@@ -97,7 +99,7 @@ def test_a_failing_builder_endpoint_is_a_recorded_round_not_a_crash(tmp_path):
 ])
 def test_library_match_needs_content_words_or_an_alias(cap, expected):
     """Shared stop words ("the", "is", "and") never make a match (they used to)."""
-    from trace_rl.agents.env_builder import library_match
+    from trace_rl.agents.env_library import library_match
 
     got = library_match(cap, "tau2:telecom")
     assert (got and got["capability"].name) == expected
@@ -106,7 +108,7 @@ def test_library_match_needs_content_words_or_an_alias(cap, expected):
 
 
 def test_library_match_is_per_target_domain():
-    from trace_rl.agents.env_builder import library_match
+    from trace_rl.agents.env_library import library_match
 
     cap = Capability(name="precondition_verification", description="Checks state first.")
     assert library_match(cap, "tau2:airline")["capability"].name == "precondition_verification"
@@ -141,7 +143,8 @@ def test_spec_mode_feeds_spec_findings_back_until_verified(tmp_path, sandbox_ima
 
 
 def test_code_suggests_a_behaviour_for_each_target_tool():
-    from trace_rl.agents.env_builder import suggest_behaviour, tool_suggestions
+    from trace_rl.agents.builders.spec import tool_suggestions
+    from trace_rl.agents.env_spec import suggest_behaviour
 
     fn = lambda name, *args: {"name": name, "parameters": {"properties": {a: {"type": "string"} for a in args},
                                                            "required": list(args)}}
@@ -168,7 +171,8 @@ def test_a_spec_that_only_renames_the_starter_is_a_finding_and_a_real_one_is_not
     """The 1.5B sent the starter back with its entity renamed for three of four capabilities and
     every automatic check passed it; it trains nothing, so it is a finding that goes back."""
     from trace_rl.agents import env_builder
-    from trace_rl.agents.env_builder import copies_starter, starter_spec, verify_attempt
+    from trace_rl.agents.builders.spec import copies_starter, starter_spec
+    from trace_rl.agents.env_builder import verify_attempt
     from trace_rl.evals.benchmark import load_benchmark
 
     target = Target.of(load_benchmark(f"tau2:{domain}"))
@@ -210,7 +214,7 @@ def test_the_starter_spec_code_writes_is_valid_on_each_target(domain, sandbox_im
     from trace_rl.agents.verifier import VerifyConfig, automatic_checks
     import sys
 
-    from trace_rl.agents.env_builder import starter_spec
+    from trace_rl.agents.builders.spec import starter_spec
     from trace_rl.core import reward
     from trace_rl.evals.benchmark import load_benchmark
 

@@ -54,7 +54,7 @@ CHOICES = [  # (domain, choice): one or more per pattern, on three τ² domains
 
 @pytest.mark.parametrize("domain, choice", CHOICES, ids=[f"{d}-{c['pattern']}" for d, c in CHOICES])
 def test_an_expanded_choice_passes_the_runtimes_checks_and_only_the_reference_wins(domain, choice):
-    from trace_rl.agents.env_builder import copies_starter
+    from trace_rl.agents.builders.spec import copies_starter
     from trace_rl.agents.env_spec import EnvSpec
 
     tools = tools_of(domain)
@@ -289,7 +289,8 @@ class RecordingLLM(ScriptedLLM):
 
 def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it(tmp_path, monkeypatch):
     from trace_rl.agents import env_builder
-    from trace_rl.agents.env_builder import Target, builder_mode, synthesize_round
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.env_builder import builder_mode, synthesize_round
     from trace_rl.agents.verifier import VerifierReport
     from trace_rl.core.records import PATTERN_NOTE
     from trace_rl.graph.report import stage_summary
@@ -379,7 +380,8 @@ def test_a_pattern_from_another_family_is_a_misfit_that_names_the_fitting_one():
 
 
 def test_a_misfit_choice_goes_back_to_the_builder_in_the_same_round():
-    from trace_rl.agents.env_builder import Target, write_pattern
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.builders.pattern import write_pattern
 
     target = Target("tau2:airline", tools_of("airline"), "Be nice.", "")
     guarded = CHOICES[3][1]
@@ -392,7 +394,8 @@ def test_a_misfit_choice_goes_back_to_the_builder_in_the_same_round():
 def test_a_later_round_may_not_send_the_failed_binding_again(tmp_path):
     """The demo's 0.5B sent round 1's lookup_then_act choice again word for word in round 2 (at
     temperature 0.7), and calibration failed it again: a binding that failed goes back to the model."""
-    from trace_rl.agents.env_builder import Target, write_pattern
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.builders.pattern import write_pattern
 
     target = Target("tau2:telecom", tools_of("telecom"), "Be nice.", "")
     failed = CHOICES[0][1]
@@ -422,7 +425,8 @@ def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
     """Told the misfit, the 1.5B chose compute_then_act for telecom's precondition_verification 9 times
     in 3 rounds: the grammar and the menu now offer only the fitting families; a capability in none of
     the families' words still gets every pattern the tools allow."""
-    from trace_rl.agents.env_builder import Target, write_pattern
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.builders.pattern import write_pattern
 
     target = Target("tau2:airline", tools_of("airline"), "Be nice.", "")
     builder = RecordingLLM([json.dumps(CHOICES[3][1])])

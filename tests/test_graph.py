@@ -276,12 +276,12 @@ def library_env(doc: str) -> str:
 @pytest.mark.parametrize("matching", [True, False])
 def test_a_library_substitute_is_marked_everywhere_or_refused(tmp_path, sandbox_image, monkeypatch, matching):
     import graph_doubles
-    import trace_rl.agents.env_builder as env_builder
+    import trace_rl.agents.env_library as env_library
 
     lib = tmp_path / ("facts_lookup_cities.py" if matching else "multilingual_poetry_generation_cities.py")
     lib.write_text(library_env("facts lookup. Looks the facts up with the tools before answering" if matching
                                else "writes sonnets in French"))
-    monkeypatch.setattr(env_builder, "library", lambda: {lib.stem: lib})
+    monkeypatch.setattr(env_library, "library", lambda: {lib.stem: lib})
     monkeypatch.setattr(graph_doubles, "builder_script",  # every round breaks the reward
                         lambda: lambda messages, tools: f"```python\n{graph_doubles.BROKEN_ENV}```")
     st = drive(tmp_path / "run", config(build_rounds=1, library_fallback=True), resume=False, log=lambda *a: None)["state"]

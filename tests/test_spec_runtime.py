@@ -6,6 +6,7 @@ import importlib.util
 import json
 import random
 import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -460,22 +461,71 @@ def test_random_mutations_never_crash_the_checker():
 
 
 # ---------------------------------------------------------------- the host side: schema and module
-def test_envspec_schema_mirrors_the_runtime():
-    from trace_rl.agents import env_spec
+def shape(model, tag: str | None = None) -> tuple[dict, dict]:
+    """(required, optional) keys of a pydantic model, each with the runtime's type tag (spec_env's tables)."""
+    import typing
 
-    schema = env_spec.EnvSpec.model_json_schema()
-    defs = schema["$defs"]
+    from pydantic import BaseModel
 
-    def consts(key):
-        return {v for d in defs.values() for v in [d.get("properties", {}).get(key, {})]
-                for v in ([v["const"]] if "const" in v else v.get("enum", []))}
-    assert consts("op") == set(spec_env.PREDICATES)
-    assert consts("kind") == set(spec_env.KINDS)
-    assert consts("type") == set(spec_env.TASK_TYPES)
-    assert env_spec.EnvSpec.model_validate(AIRLINE).to_spec() == AIRLINE
+    def type_tag(ann):
+        if typing.get_origin(ann) is typing.Annotated:
+            return type_tag(typing.get_args(ann)[0])
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        origin = typing.get_origin(ann)
+        if origin in (typing.Union, types.UnionType) and len(args) == 1:
+            return type_tag(args[0])  # X | None: optional, of type X
+        if origin in (typing.Union, types.UnionType) or isinstance(ann, type) and issubclass(ann, BaseModel):
+            return dict  # a predicate, or any other nested object
+        if origin is typing.Literal:
+            return type(args[0])
+        return {list: list, dict: dict}.get(origin, spec_env.ANY if ann is typing.Any else ann)
+    required, optional = {}, {}
+    for name, f in model.model_fields.items():
+        if name != tag:
+            (required if f.is_required() else optional)[f.alias or name] = type_tag(f.annotation)
+    return required, optional
+
+
+def variants(union) -> dict:
+    """{discriminator value: model} of a discriminated union of pydantic models."""
+    import typing
+
+    models = typing.get_args(typing.get_args(union)[0]) if typing.get_origin(union) is typing.Annotated else \
+        typing.get_args(union)
+    return {value: m for m in models for key in ("op", "kind", "type") if key in m.model_fields
+            for value in typing.get_args(m.model_fields[key].annotation)}
+
+
+def test_envspec_and_the_runtime_define_the_same_format():
+    """The spec format is defined once, in pydantic (agents/env_spec.py: the builder's grammar); the sandbox
+    image's stdlib runtime keeps its own tables of it (it cannot import pydantic). Every key, whether it is
+    required and its type must be the same in both: any drift fails here."""
+    from trace_rl.agents import env_spec as s
+
+    assert {k: shape(m, "op") for k, m in variants(s.Predicate).items()} == spec_env.PREDICATES
+    assert {k: shape(m, "kind") for k, m in variants(s.Tool).items()} == spec_env.TOOL_KEYS
+    assert {k: shape(m, "type") for k, m in variants(s.TaskVar).items()} == spec_env.FIELD_KEYS
+    assert set(variants(s.FieldSpec)) == set(spec_env.FIELD_TYPES) and set(spec_env.TASK_TYPES) == set(spec_env.FIELD_KEYS)
+    assert set(spec_env.KINDS) == set(spec_env.TOOL_KEYS)
+    assert (shape(s.CallPattern), shape(s.Entity), shape(s.Component)) == (
+        spec_env.CALL_KEYS, spec_env.ENTITY_KEYS, spec_env.COMPONENT_KEYS)
+    assert (shape(s.CallStep), shape(s.ReplyStep)) == spec_env.STEP_KEYS
+    assert set(typing_args(s.Compare.model_fields["cmp"].annotation)) == set(spec_env.CMPS)
+    required, optional = shape(s.EnvSpec)
+    runtime = spec_env.SPEC_KEYS
+    # the one difference, on purpose: the grammar makes a builder write entities and task (a spec may omit them)
+    assert {**required, **optional} == {**runtime[0], **runtime[1]} and set(required) - set(runtime[0]) == {
+        "entities", "task"}
+    assert s.EnvSpec.model_validate(AIRLINE).to_spec() == AIRLINE
     for case in ("a weight that is a string", "a missing key", "an unknown key", "an unknown op"):
         with pytest.raises(ValueError):
-            env_spec.EnvSpec.model_validate(MALFORMED[case][0]())
+            s.EnvSpec.model_validate(MALFORMED[case][0]())
+
+
+def typing_args(ann):
+    import typing
+
+    return typing.get_args(ann)
 
 
 def test_envspec_schema_compiles_to_a_llama_cpp_grammar():
@@ -535,7 +585,7 @@ def _slipped():
 
 
 def test_code_repairs_a_small_models_mechanical_slips_and_says_which():
-    from trace_rl.agents.env_builder import suggest_behaviour
+    from trace_rl.agents.env_spec import suggest_behaviour
 
     slipped = _slipped()
     assert len(spec_env.static_findings(slipped, TOOLS)) >= 6

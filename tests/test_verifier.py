@@ -111,10 +111,10 @@ def test_synthetic_episode_runs_the_base_agent_loop(sandbox_image):
         _json.dumps(t.to_dict())
 
 
-@pytest.mark.parametrize("name", sorted(__import__("trace_rl.agents.env_builder", fromlist=["library"]).library()))
+@pytest.mark.parametrize("name", sorted(__import__("trace_rl.agents.env_library", fromlist=["library"]).library()))
 def test_every_library_environment_passes_against_its_target(sandbox_image, name):
     """The shipped environments (`<capability>_<domain>.py`) are sound against that domain's real tools."""
-    from trace_rl.agents.env_builder import library
+    from trace_rl.agents.env_library import library
     from trace_rl.evals.benchmark import load_benchmark
 
     tools = load_benchmark(f"tau2:{name.rsplit('_', 1)[1]}").spec()["tools"]
