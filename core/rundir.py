@@ -52,25 +52,11 @@ class Folder(os.PathLike):
 class AnalysisDir(Folder):
     """The analyst's folder: facts, candidates, labelling runs, the aggregated capabilities."""
 
-    @property
-    def capabilities(self) -> Path:
-        return self.root / "capabilities.json"
-
-    @property
-    def plot(self) -> Path:
-        return self.root / "cov_delta.png"
-
-    @property
-    def facts(self) -> Path:
-        return self.root / "facts.json"
-
-    @property
-    def candidates(self) -> Path:
-        return self.root / "candidates.json"
-
-    @property
-    def error(self) -> Path:
-        return self.root / "analyst_error.json"
+    capabilities = property(lambda self: self.root / "capabilities.json")
+    plot = property(lambda self: self.root / "cov_delta.png")
+    facts = property(lambda self: self.root / "facts.json")
+    candidates = property(lambda self: self.root / "candidates.json")
+    error = property(lambda self: self.root / "analyst_error.json")
 
     def labels(self, run: int, evidence: bool = False) -> Path:
         return self.root / "labels" / f"run_{run:02d}{'_evidence' if evidence else ''}.json"
@@ -110,44 +96,24 @@ class EnvDir(Folder):
     def attempt(self, rnd: int) -> Attempt:
         return Attempt(self.root / f"attempt_{rnd:02d}")
 
-    @property
-    def library(self) -> Attempt:
-        return Attempt(self.root / "library")
-
-    @property
-    def result(self) -> Path:
-        return self.root / "result.json"
+    library = property(lambda self: Attempt(self.root / "library"))
+    result = property(lambda self: self.root / "result.json")
 
 
 class GRPODir(Folder):
     """One GRPO training: the adapter, its log and curve, the episodes, trl's checkpoints."""
 
-    @property
-    def adapter(self) -> Path:
-        return self.root / "adapter"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "train_log.json"
-
-    @property
-    def curve(self) -> Path:
-        return self.root / "curve.png"
+    adapter = property(lambda self: self.root / "adapter")
+    log = property(lambda self: self.root / "train_log.json")
+    curve = property(lambda self: self.root / "curve.png")
 
     def rollouts(self, rank: int | None = None) -> Path:
         return self.root / "rollouts" / (f"rank{rank}" if rank is not None else "")
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    tensorboard = property(lambda self: self.root / "tensorboard")
 
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / "tensorboard"
-
-    @property
-    def report(self) -> Path:  # a training that is a stage of its own (the GRPO-on-target baseline): its record
-        return self.root / "report.json"
+    report = property(lambda self: self.root / "report.json")  # the GRPO-on-target baseline's record
 
     def finished(self) -> bool:
         return (self.adapter / "adapter_config.json").is_file() and self.log.is_file()
@@ -156,20 +122,13 @@ class GRPODir(Folder):
 class TrainDir(Folder):
     """One adapter's training (train stage): held-out episodes before and after, GRPO, the target's tools."""
 
-    @property
-    def tools(self) -> Path:
-        return self.root / "tools.json"
+    tools = property(lambda self: self.root / "tools.json")
 
     def heldout(self, when: str) -> Path:
         return self.root / f"heldout_{when}"
 
-    @property
-    def grpo(self) -> GRPODir:
-        return GRPODir(self.root / "grpo")
-
-    @property
-    def report(self) -> Path:
-        return self.root / "report.json"
+    grpo = property(lambda self: GRPODir(self.root / "grpo"))
+    report = property(lambda self: self.root / "report.json")
 
 
 class CompositionDir(Folder):

@@ -34,6 +34,6 @@ def litellm_user(spec=None) -> tuple[str, dict]:
         return spec, {"temperature": 0.0}
     cfg = user_config(spec)
     base, name = (cfg.base_url, cfg.model) if cfg.base_url \
-        else local_endpoint(cfg.model, cfg.n_ctx, instance="user-simulator")
+        else local_endpoint(cfg.model, cfg.n_ctx, instance="user-simulator", flash_attn=cfg.flash_attn)
     return f"openai/{name}", {"api_base": base, "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY", "sk-local"),
                               "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}

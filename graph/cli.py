@@ -27,6 +27,8 @@ app.add_typer(models_app, name="models")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(benchmarks_app, name="benchmarks")
 console = Console()
+DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or inductor (fused by torch.compile)"
+FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
 
 
 def _fail(message: str):
@@ -72,12 +74,13 @@ def models_path(name: str, hf: bool = typer.Option(False, help="path of the tran
 
 @app.command()
 def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model name or .gguf path"),
-          port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192):
+          port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192,
+          flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
     """Serve a local model over llama.cpp's OpenAI-compatible API until Ctrl-C."""
     from trace_rl.models.llama_server import LlamaServer
 
     with console.status(f"starting llama.cpp for {model} ..."):
-        srv = LlamaServer(model, port=port, n_ctx=n_ctx).start()
+        srv = LlamaServer(model, port=port, n_ctx=n_ctx, flash_attn=flash_attn).start()
     console.print(f"[green]serving[/] {srv.model_name} at {srv.base_url}  (Ctrl-C stops)")
     try:
         with suppress(KeyboardInterrupt):
@@ -138,7 +141,9 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
                                                                       "(a hung or dripping endpoint: llm_error)"),
              step_timeout: float = typer.Option(600.0, min=1, help="seconds one benchmark call may take (a hung "
                                                                    "one: env_timeout)"),
-             serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)")):
+             serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)"),
+             decode: str = typer.Option("auto", help=DECODE),
+             flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
@@ -152,8 +157,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
     offer = {"max_steps": max_steps or agent.max_steps}
     if user_model or user_base_url or serve == "hf":
-        offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0),
-                                   serve, 2 * concurrency)
+        offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0,
+                                             flash_attn=flash_attn), serve, 2 * concurrency, decode)
     bench = load_benchmark(benchmark, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
     for tid in task_id or []:
         bench.task(tid, split)  # fail fast, naming the bad id
@@ -161,7 +166,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
     out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
     policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
-                                  temperature=temperature, deadline=request_deadline), serve, 2 * concurrency))
+                                  temperature=temperature, deadline=request_deadline, flash_attn=flash_attn), serve,
+                        2 * concurrency, decode))
     t0 = time.perf_counter()
     trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
                     passed_threshold=passed_threshold, step_timeout_s=step_timeout)
@@ -318,7 +324,8 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
         if stage_fingerprints(new) != stage_fingerprints(cfg):
-            _fail("resume --set may change only how the run is served (serve, serve_rows, concurrency, timeouts); "
+            _fail("resume --set may change only how the run is served (serve, serve_rows, decode, sandbox, concurrency, "
+                  "timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
         save_config(RunDir(run_dir), new)
         cfg = new
@@ -400,7 +407,10 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
                                                         "config's heldout_seeds)"),
           train_seeds: int = typer.Option(None, min=1, help="training seeds (default: the run config's train_seeds)"),
           name: str = typer.Option(None, help="capability name (default: the module's file name); with --out RUN_DIR "
-                                              "the run's train step finds the adapter")):
+                                              "the run's train step finds the adapter"),
+          sandbox: str = typer.Option(None, help="docker, or subprocess where Docker is not (environments verified "
+                                                 "in Docker only); default: the run config's"),
+          decode: str = typer.Option(None, help=DECODE)):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
@@ -424,7 +434,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
         ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
         rec = train_on_target(bench, ids, RunDir(out).train_target, lambda: load_model(model), settings,
-                              log=console.print)
+                              log=console.print, decode=decode or "auto")
         console.print(f"[bold]grpo_target[/]: {rec.steps} GRPO steps on {len(ids)} {split} tasks; adapter "
                       f"{rec.adapter}; curve {rec.curve}")
         return
@@ -433,7 +443,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail(f"no environment module at {env}")
     name = name or code_path.stem
     cfg = _stage_config(RunDir(out), {"train_model": model, "grpo": settings.model_dump(), "train_seeds": train_seeds,
-                                      "heldout_seeds": heldout})
+                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode})
     entry = Pipeline(out, cfg, log=console.print).train_env(name, str(code_path.resolve()),
                                                             Capability(name=name, description=name))
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports

@@ -73,6 +73,16 @@ class RunConfig(Strict):
                                               "llama.cpp (a CPU) or hf (transformers + the batching engine, an "
                                               "OpenAI-compatible server per model: a GPU machine)")
     serve_rows: int = Field(64, ge=1, le=4096, description="serve=hf: conversations each server decodes together")
+    decode: Literal["auto", "eager", "graph", "inductor"] = Field(
+        "auto", description="in-process generation (models/engine.py): graph = the decode step as one CUDA graph "
+                            "(auto on a GPU), inductor = fused by torch.compile first (faster, ~35-55 s of compiling "
+                            "per engine), eager (auto on a CPU); how this machine runs the run, like serve")
+    sandbox: Literal["docker", "subprocess"] = Field(
+        "docker", description="where environments run: docker, or subprocess on a machine without Docker (only "
+                              "for environments already verified in Docker: training and evaluation)")
+    flash_attn: bool = Field(False, description="llama.cpp's flash attention for every model it serves here: long "
+                             "prompts read ~1.5x as fast on a CPU, but a greedy reply then depends on how its prompt "
+                             "was split between cached and new tokens (so it is part of every stage's fingerprint)")
     train_model: str | None = Field(None, description="transformers checkpoint of the base (default: made from base_model)")
     user_model: LLMConfig | None = Field(None, description="user simulator (airline/retail); default: base_model "
                                                             "at base_url, temperature 0")
@@ -130,7 +140,7 @@ class RunConfig(Strict):
 # what each stage's cached output depends on (besides everything the stages before it depend on)
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "rollout": ("benchmark", "benchmark_options", "passed_threshold", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
-                "agent", "components"),
+                "agent", "components", "flash_attn"),
     "analyse": ("analyst", "labeller", "analysis"),
     "synthesise": ("builder", "reviewer", "builder_mode", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
                    "train_unkept"),
@@ -158,6 +168,10 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
             (data.get(section) or {}).pop(key, None)
         if data.get(section) and data[section].get("lora") is None:  # a field added later: runs made before keep
             data[section].pop("lora", None)                       # their fingerprints
+        if data.get(section) and not data[section].get("flash_attn"):  # so is flash_attn
+            data[section].pop("flash_attn", None)
+    if not data["flash_attn"]:
+        del data["flash_attn"]
     if data["compose"]["max_len"] == ComposeSettings.model_fields["max_len"].default:  # added later: runs made before keep theirs
         del data["compose"]["max_len"]
     for stage, fields in STAGE_FIELDS.items():

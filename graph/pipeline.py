@@ -113,7 +113,9 @@ def default_components(cfg: RunConfig) -> Components:
     from trace_rl.models.hf_policy import load_model
     from trace_rl.models.llm import LLM, served
 
-    serve = lambda llm: served(llm, cfg.serve, cfg.serve_rows)  # noqa: E731
+    def serve(llm):
+        return served(llm.model_copy(update={"flash_attn": True}) if cfg.flash_attn else llm, cfg.serve,
+                      cfg.serve_rows, cfg.decode)
     agent = OnFirstUse(lambda: LLM(serve(cfg.agent_llm())))
     opts = lambda: {"max_steps": cfg.agent.max_steps, "user_llm": serve(  # noqa: E731
         cfg.user_model or cfg.agent_llm().model_copy(update={"temperature": 0.0}))}
@@ -126,8 +128,8 @@ def default_components(cfg: RunConfig) -> Components:
         reviewer=OnFirstUse(lambda: LLM(serve(cfg.reviewer or cfg.builder))), calibration=agent if cfg.calibrate else None,
         labeller=OnFirstUse(lambda: LLM(serve(cfg.labeller))) if cfg.labeller else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model),
-        lora_agent=(lambda adapter: LLM(cfg.agent_llm().model_copy(update={
-            "lora": str(adapter) if adapter else None, "temperature": 0.0}))) if by_llama_cpp else None)
+        lora_agent=(lambda adapter: LLM(serve(cfg.agent_llm().model_copy(update={
+            "lora": str(adapter) if adapter else None, "temperature": 0.0})))) if by_llama_cpp else None)
 
 
 # ---------------------------------------------------------------- the nodes: each calls one stage function
@@ -286,7 +288,7 @@ class Pipeline:
         cfg = self.cfg
         return train_capability(name, env, self.run.train(name), self.comps.load_base, cfg.grpo, trained_on=trained_on,
                                 train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds, substitute=substitute,
-                                log=self.log)
+                                log=self.log, decode=cfg.decode, sandbox=cfg.sandbox)
 
     # -- 5. composition and evaluation
     def compose(self, s: State) -> dict:
@@ -308,7 +310,7 @@ class Pipeline:
         trace_steps = sum(a.steps or 0 for a in (s.get("adapters") or {}).values())
         grpo = self.cfg.grpo.model_copy(update={"steps": trace_steps or self.cfg.grpo.steps})
         record = train_on_target(self.comps.benchmark, self._task_ids(self.cfg.rollout_split, self.cfg.rollout_tasks),
-                                 self.run.train_target, self.comps.load_base, grpo, log=self.log)
+                                 self.run.train_target, self.comps.load_base, grpo, log=self.log, decode=self.cfg.decode)
         return {"target_adapter": record}
 
     def _composition(self):
@@ -316,7 +318,7 @@ class Pipeline:
 
         model, tok = self.comps.load_base()
         return load(model, tok, self.run.composition, max_new_tokens=self.cfg.agent.max_tokens,
-                    rows=self._rows(model))
+                    rows=self._rows(model), decode=self.cfg.decode)
 
     def _rows(self, model) -> int | None:
         """On a GPU, the in-process rows decode every episode the evaluation runs at once (the
@@ -359,7 +361,7 @@ class Pipeline:
 
             target = target.model_copy(update={"adapter": self.here(target.adapter)})
             policies["grpo_target"] = self.comps.lora_agent(target.adapter) if self.comps.lora_agent \
-                else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows)
+                else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows, cfg.decode)
         elif target is not None:
             skipped["grpo_target"] = "grpo_target = base: no GRPO step on the target had a reward signal"
         try:

@@ -25,7 +25,6 @@ between rows of the same tag, and `before_forward(tags)` lets a model route rows
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -187,7 +186,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         if compile == "auto":
-            compile = os.environ.get("TRACE_RL_DECODE", "graph" if self.device.type == "cuda" else "eager")
+            compile = "graph" if self.device.type == "cuda" else "eager"
         if compile not in ("graph", "inductor", "eager"):
             raise ValueError(f"compile={compile!r}: use graph, inductor or eager")
         if compile == "graph" and self.device.type != "cuda":

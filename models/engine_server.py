@@ -122,9 +122,9 @@ def make_handler(policy, name: str):
 
 
 def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | None = None,
-          max_len: int = 16384) -> None:
+          max_len: int = 16384, decode: str = "auto") -> None:
     """Load `model` (embedded name, .gguf, or transformers folder) and serve it until killed."""
-    policy = HFPolicy.load(model, rows=rows, max_len=max_len)
+    policy = HFPolicy.load(model, rows=rows, max_len=max_len, decode=decode)
     name = Path(model).stem
     server = ThreadingHTTPServer((host, port), make_handler(policy, name))
     server.daemon_threads = True
@@ -137,11 +137,12 @@ class HFServer(ServerProcess):
     """`serve` in a child process that ends with this one (see models/endpoints.py)."""
     rows: int | None = None
     max_len: int = 16384
+    decode: str = "auto"
     startup_timeout: float = 900.0  # a first start converts the GGUF for transformers
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "trace_rl.models.engine_server", "--parent", str(os.getpid()), "--model", self.model,
-                "--host", self.host, "--port", str(self.port), "--max-len", str(self.max_len)] + \
+                "--host", self.host, "--port", str(self.port), "--max-len", str(self.max_len), "--decode", self.decode] + \
             (["--rows", str(self.rows)] if self.rows else [])
 
 
@@ -152,11 +153,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8081)
     ap.add_argument("--rows", type=int, default=None, help="conversations decoded together (default 16 on CUDA)")
     ap.add_argument("--max-len", type=int, default=16384)
+    ap.add_argument("--decode", default="auto", help="the engine's decode step: auto, eager, graph or inductor")
     ap.add_argument("--parent", type=int, default=None, help="exit when this process is gone")
     args = ap.parse_args()
     if args.parent:
         exit_with_parent(args.parent)
-    serve(args.model, args.host, args.port, args.rows, args.max_len)
+    serve(args.model, args.host, args.port, args.rows, args.max_len, args.decode)
 
 
 if __name__ == "__main__":

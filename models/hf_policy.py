@@ -115,15 +115,16 @@ class HFPolicy:
     Generation runs in an `Engine` (models/engine.py): calls from several threads (episodes of
     an evaluation) are decoded together, a conversation's earlier turns stay in the cache, and a
     system prompt shared by episodes is computed once. `tag(messages)` picks a conversation's
-    routing tag (the composition's adapter slot); policies may share one engine (`engine=`)."""
+    routing tag (the composition's adapter slot); policies may share one engine (`engine=`); `decode`: the
+    engine's decode step (Engine's `compile`: auto, eager, graph or inductor)."""
 
     def __init__(self, model, tokenizer, name: str, max_new_tokens: int = 256, engine=None, rows: int | None = None,
-                 max_len: int = 16384, tag=None):
+                 max_len: int = 16384, tag=None, decode: str = "auto"):
         self.model, self.tokenizer, self.name, self.max_new_tokens = model, tokenizer, name, max_new_tokens
         self.usage = Usage()
         self._usage_lock = threading.Lock()
         self.tag = tag or (lambda messages, tools: 0)
-        self._engine, self._rows, self._max_len = engine, rows, max_len
+        self._engine, self._rows, self._max_len, self._decode = engine, rows, max_len, decode
         self._batcher = None
         self._init_lock = threading.Lock()  # the first chats of an evaluation arrive together
 
@@ -137,7 +138,7 @@ class HFPolicy:
                 if self._engine is None:
                     cuda = next(self.model.parameters()).device.type == "cuda"
                     self._engine = Engine(self.model, self.tokenizer, rows=self._rows or (16 if cuda else 1),
-                                          max_len=self._max_len)
+                                          max_len=self._max_len, compile=self._decode)
                 self._batcher = Batcher(self._engine)
             return self._batcher
 

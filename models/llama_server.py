@@ -31,10 +31,9 @@ class LlamaServer(ServerProcess):
     n_ctx: int = 8192
     n_threads: int = max(1, os.cpu_count() or 1)
     lora: str | Path | None = None  # a GGUF LoRA (models/lora_gguf.py) applied on top of the model
-    # flash attention ($TRACE_RL_FLASH_ATTN=1): reads τ²'s 5-10k-token prompts 1.5x as fast on 2 cores, decodes
-    # 0.86x as fast (benchmarks/llama_cpu.py); but greedy replies then depend on how a prompt was split between
-    # cached and new tokens, so a resumed or cached run could answer differently. Off: they never do (tested)
-    flash_attn: bool = field(default_factory=lambda: os.environ.get("TRACE_RL_FLASH_ATTN", "0") == "1")
+    # flash attention (LLMConfig.flash_attn, the run config's flash_attn): faster prompts, but greedy replies then
+    # depend on how a prompt was split between cached and new tokens. Off: they never do (tested)
+    flash_attn: bool = False
     # where long prompts' states are kept between servers (PromptStates): $TRACE_RL_PROMPT_STATES if it names a
     # folder, none if it is 0, else the cache's prompt-states/
     prompt_states: Path | None = field(default_factory=default_prompt_states)

@@ -46,6 +46,9 @@ class LLMConfig(BaseModel):
                                                      "(llama.cpp grammar, vLLM/OpenAI json_schema)")
     lora: str | None = Field(None, description="a peft LoRA adapter folder trained on `model`, applied by the local "
                                                "llama.cpp server (converted to a GGUF LoRA once)")
+    flash_attn: bool = Field(False, description="flash attention on the local llama.cpp server: long prompts read "
+                                                "faster on a CPU, but a greedy reply then depends on how its prompt "
+                                                "was split between cached and new tokens")
 
     @model_validator(mode="after")
     def _lora_is_local(self):
@@ -56,7 +59,8 @@ class LLMConfig(BaseModel):
 
 
 # ---------------------------------------------------------------- local endpoints (one registry: models/endpoints.py)
-def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora: str | None = None) -> tuple[str, str]:
+def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora: str | None = None,
+                   flash_attn: bool = False) -> tuple[str, str]:
     """(base_url, served name) for a local model, starting one llama.cpp server per (model,
     instance). An agent and its user simulator get separate instances: llama.cpp keeps one
     prompt prefix per server, and two alternating conversations on one server would re-read
@@ -68,14 +72,16 @@ def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora
         from trace_rl.models.lora_gguf import gguf_lora
         from trace_rl.models.weights import gguf_path
 
-        return LlamaServer(model, n_ctx=n_ctx, lora=gguf_lora(lora, gguf_path(model)) if lora else None)
-    srv = ENDPOINTS.get(("llama.cpp", model, n_ctx, instance, lora), make)
+        return LlamaServer(model, n_ctx=n_ctx, lora=gguf_lora(lora, gguf_path(model)) if lora else None,
+                           flash_attn=flash_attn)
+    srv = ENDPOINTS.get(("llama.cpp", model, n_ctx, instance, lora, flash_attn), make)
     return srv.base_url, srv.model_name
 
 
-def served(llm: LLMConfig, serve: str, rows: int = 64) -> LLMConfig:
+def served(llm: LLMConfig, serve: str, rows: int = 64, decode: str = "auto") -> LLMConfig:
     """An LLMConfig as the run reaches it: unchanged with a base_url or under llama.cpp (served on
-    first use by `local_endpoint`); under serve=hf, pointed at one engine server per model (started once)."""
+    first use by `local_endpoint`); under serve=hf, pointed at one engine server per model (started once;
+    `decode`: its engine's decode step, models/engine.py)."""
     if serve != "hf" or llm.base_url:
         return llm
     if llm.lora:
@@ -85,7 +91,7 @@ def served(llm: LLMConfig, serve: str, rows: int = 64) -> LLMConfig:
     def make():
         from trace_rl.models.engine_server import HFServer
 
-        return HFServer(llm.model, rows=rows, max_len=llm.n_ctx)
+        return HFServer(llm.model, rows=rows, max_len=llm.n_ctx, decode=decode)
     return llm.model_copy(update={"base_url": ENDPOINTS.get(("hf", llm.model), make).base_url})
 
 
@@ -115,7 +121,8 @@ class LLM:
             from openai import OpenAI
 
             base_url, self._served_name = (self.config.base_url, self.config.model) if self.config.base_url \
-                else local_endpoint(self.config.model, self.config.n_ctx, lora=self.config.lora)
+                else local_endpoint(self.config.model, self.config.n_ctx, lora=self.config.lora,
+                                    flash_attn=self.config.flash_attn)
             key = self.config.api_key or os.environ.get("OPENAI_API_KEY") or "sk-local"
             local = self.config.base_url is None
             timeout = self.config.timeout or (3600.0 if local else 600.0)

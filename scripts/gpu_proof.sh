@@ -81,7 +81,8 @@ PY
     rm -rf "/tmp/envgrpo-$2"   # a warm machine keeps /tmp: never resume an earlier run's checkpoints
     set -o pipefail            # the training's exit status, not tee's
     timeout "${5:-400}" python3 -m trace_rl.graph.cli train "$3" --model "$MODEL" --preset paper --set steps="$4" \
-      --set groups_per_step=2 --set learning_rate=1e-4 --heldout 16 --out "/tmp/envgrpo-$2" --name "$2" 2>&1 \
+      --set groups_per_step=2 --set learning_rate=1e-4 --heldout 16 --out "/tmp/envgrpo-$2" --name "$2" \
+      --sandbox subprocess 2>&1 \
       | tee "$OUT/envgrpo-$2.log"
     mkdir -p "$OUT/envgrpo-$2" && (cd "/tmp/envgrpo-$2" && find . -maxdepth 5 -type f \( -name '*.json' -o -name \
       '*.png' -o -name '*.jsonl' \) -size -8M -not -path '*checkpoint*' -not -name 'tokenizer*' -exec cp --parents {} "$OUT/envgrpo-$2/" \;) ;;
@@ -96,7 +97,8 @@ PY
       bash "$0" target "$2" "$(( ${3:-540} - 20 ))" >/dev/null 2>&1 &   # logs to $OUT/target.log
     else echo "target baseline: not beside the capabilities on this GPU; the next resume trains it"; fi
     # no LLM is asked while training: the agent's engine server (started with the run's components) stays small
-    timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 --no-wait \
+    timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 \
+      --set sandbox=subprocess --no-wait \
       --no-web --until train_target 2>&1 | tee "$OUT/phase-b.log"
     wait
     pack ;;
@@ -124,7 +126,8 @@ atomic_write_json(path.parent / "stages.json", {**stages, "evaluate": stage_fing
 print("eval_modes:", cfg["eval_modes"])
 PY
     fi
-    timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --no-wait --no-web 2>&1 \
+    timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set sandbox=subprocess --no-wait \
+      --no-web 2>&1 \
       | tee "$OUT/resume.log"
     pack ;;
   *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | phase-a STEPS SECONDS | target STEPS [SECONDS] | keep SECONDS | phase-b STEPS SECONDS | resume SECONDS [new]" >&2; exit 2 ;;

@@ -92,17 +92,19 @@ def test_the_prompt_state_cache_drops_least_recently_used_folders_over_its_budge
     assert [p.name for p in tmp_path.iterdir()] == ["current"]
 
 
-def test_flash_attention_is_opt_in_and_keeps_its_own_prompt_states(tmp_path, monkeypatch):
-    """Off by default: under it a reply depends on how the prompt was split between cached and new tokens."""
-    from trace_rl.models.weights import gguf_path
+def test_flash_attention_is_opt_in_and_keeps_its_own_prompt_states(tmp_path):
+    """Off by default: under it a reply depends on how the prompt was split between cached and new tokens
+    (so it is a run config setting, in every stage's fingerprint)."""
+    from trace_rl.graph.config import RunConfig, stage_fingerprints
     from trace_rl.models.llama_server import PromptStates
+    from trace_rl.models.weights import gguf_path
 
-    monkeypatch.delenv("TRACE_RL_FLASH_ATTN", raising=False)
     cmd = server(None).command()
     assert cmd[cmd.index("--flash_attn") + 1] == "false"
-    monkeypatch.setenv("TRACE_RL_FLASH_ATTN", "1")
-    cmd = server(None).command()
+    cmd = server(None, flash_attn=True).command()
     assert cmd[cmd.index("--flash_attn") + 1] == "true"
+    plain, flash = stage_fingerprints(RunConfig()), stage_fingerprints(RunConfig(flash_attn=True))
+    assert all(plain[stage] != flash[stage] for stage in plain)
     model = gguf_path("smollm2-135m")
     dirs = {PromptStates(tmp_path, model, 2048, 512, flash_attn=fa).dir for fa in (False, True)}
     assert len(dirs) == 2  # the two kernels' caches are not interchangeable

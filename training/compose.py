@@ -85,7 +85,7 @@ class Composition:
     """One base model with n adapters; `policy(mode)` gives an agent policy for each mode."""
 
     def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[Capability], name: str = "composed",
-                 max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384):
+                 max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384, decode: str = "auto"):
         self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
         self.modes = _modes(capabilities)
         self.router = ClassifierRouter(moe, tokenizer, capabilities)
@@ -94,7 +94,7 @@ class Composition:
         cuda = next(moe.parameters()).device.type == "cuda"
         # one engine for every mode: a row's tag is its slot (0 base, k adapter k, -1 the learned gates)
         self.engine = Engine(moe.model, tokenizer, rows=rows or (16 if cuda else 1), max_len=max_len,
-                             before_forward=moe.route_rows)
+                             before_forward=moe.route_rows, compile=decode)
 
     def route(self, messages: list[dict]) -> int:
         """The router's slot for this conversation, chosen once per task text."""

@@ -270,11 +270,11 @@ class CapabilityGRPO:
     adapter/ (the result), curve.png."""
 
     def __init__(self, model, tokenizer, bench, task_ids: list[str], out_dir: str | Path,
-                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter"):
+                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter", decode: str = "auto"):
         if not task_ids:
             raise ValueError("GRPO needs at least one training task id")
         self.model, self.tok, self.bench, self.task_ids = model, tokenizer, bench, list(task_ids)
-        self.s, self.name, self.out = settings, name, GRPODir(out_dir)
+        self.s, self.name, self.out, self.decode = settings, name, GRPODir(out_dir), decode
         self.rollout = TokenRollout(bench, tokenizer, settings)
         self.rank, self.world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         # each data-parallel process plays its own groups and keeps its own episode store
@@ -290,7 +290,7 @@ class CapabilityGRPO:
         if self.engine is None:
             rows = self.s.group_size * self.s.groups_per_step // self.world
             self.engine = Engine(trainer.accelerator.unwrap_model(trainer.model), self.tok, rows=rows,
-                                 max_len=self.s.max_seq_len + self.s.max_turn_tokens)
+                                 max_len=self.s.max_seq_len + self.s.max_turn_tokens, compile=self.decode)
         self.engine.reset()
         return lambda seqs, n: self.engine.generate([Request(s, n, self.s.temperature) for s in seqs])
 

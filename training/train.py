@@ -23,22 +23,23 @@ from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings, adapter_changed
 HELDOUT_START = 10**6  # held-out seeds start here: disjoint from the training seeds
 
 
-def env_benchmark(name: str, code: str, seeds: range) -> SyntheticBenchmark:
-    """A capability's environment to train and measure on: one that was verified (or approved)."""
-    return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1, verified=True)
+def env_benchmark(name: str, code: str, seeds: range, sandbox: str | None = None) -> SyntheticBenchmark:
+    """A capability's environment to train and measure on: one that was verified (or approved); `sandbox`:
+    the backend it runs in (docker, or subprocess where Docker is not: the run config's `sandbox`)."""
+    return SyntheticBenchmark(code, name=f"env:{name}", seeds=seeds, pool_size=1, verified=True, backend=sandbox)
 
 
 def grpo(name: str, bench, task_ids: list[str], load_base: Callable[[], tuple], out: GRPODir, settings: GRPOSettings,
-         log=print) -> tuple[str, int, str | None, bool]:
+         log=print, decode: str = "auto") -> tuple[str, int, str | None, bool]:
     """(adapter path, steps, curve PNG, untrained) of GRPO on `bench`'s `task_ids` — from disk when
-    the adapter is already there."""
+    the adapter is already there. `decode`: the engine's decode step (the run config's `decode`)."""
     if out.finished():
         history = json.loads(out.log.read_text())
         if not out.curve.is_file():  # trained by a version that plotted after the log: draw it again
             plot_curve(history, out.curve, f"GRPO: {name}")
         return str(out.adapter), len(history), str(out.curve), not adapter_changed(out.adapter)
     model, tok = load_base()
-    res = CapabilityGRPO(model, tok, bench, task_ids, out, settings, name=name).train()
+    res = CapabilityGRPO(model, tok, bench, task_ids, out, settings, name=name, decode=decode).train()
     untrained = not adapter_changed(res.adapter)
     if untrained:
         log(f"{name}: UNTRAINED: after {res.steps} GRPO steps every LoRA B matrix is still zero "
@@ -47,12 +48,12 @@ def grpo(name: str, bench, task_ids: list[str], load_base: Callable[[], tuple], 
 
 
 def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: Callable[[], tuple],
-                    settings: GRPOSettings, log=print) -> AdapterRecord:
+                    settings: GRPOSettings, log=print, decode: str = "auto") -> AdapterRecord:
     """The baseline TRACE is judged against (the paper's "GRPO on the target environment"): one
     LoRA trained by GRPO on the benchmark's own episodes (`task_ids`: its train split; its sparse
     reward; no hints), with the settings and the rollout budget of the capabilities' GRPO."""
     out = GRPODir(out_dir)
-    adapter, steps, curve, untrained = grpo("grpo_target", bench, task_ids, load_base, out, settings, log)
+    adapter, steps, curve, untrained = grpo("grpo_target", bench, task_ids, load_base, out, settings, log, decode)
     record = AdapterRecord(trained_on=Capability(name="target", description=f"{bench.name}: {len(task_ids)} tasks"),
                            adapter=adapter, steps=steps, curve=curve, untrained=untrained)
     atomic_write_json(out.report, {"capability": "grpo_target", **record.model_dump()})
@@ -62,44 +63,46 @@ def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: 
 
 
 def target_policy(record: AdapterRecord, load_base: Callable[[], tuple], max_new_tokens: int,
-                  rows: Callable[[Any], int | None] = lambda model: None) -> HFPolicy:
+                  rows: Callable[[Any], int | None] = lambda model: None, decode: str = "auto") -> HFPolicy:
     """The GRPO-on-target row's agent: the frozen base with the target's adapter. `rows(model)`: the
     engine's rows for this model (None: the engine's default)."""
     from peft import PeftModel
 
     model, tok = load_base()
     return HFPolicy(PeftModel.from_pretrained(model, record.adapter).eval(), tok, "grpo_target",
-                    max_new_tokens=max_new_tokens, rows=rows(model))
+                    max_new_tokens=max_new_tokens, rows=rows(model), decode=decode)
 
 
 def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
                      settings: GRPOSettings, *, trained_on: Capability, train_seeds: int = 1000,
-                     heldout_seeds: int = 20, substitute: str | None = None, log=print) -> AdapterRecord | None:
-    """Held-out before, GRPO, held-out after, for one capability's environment module `env`.
+                     heldout_seeds: int = 20, substitute: str | None = None, log=print, decode: str = "auto",
+                     sandbox: str | None = None) -> AdapterRecord | None:
+    """Held-out before, GRPO, held-out after, for one capability's environment module `env` (run in the
+    `sandbox` backend; `decode`: the engine's decode step).
 
     Under torchrun (WORLD_SIZE > 1) every process trains and rank 0 alone then measures
     held-out success (no process waits in a collective while another evaluates); the other
     ranks return None."""
     out, code = TrainDir(out_dir), Path(env).read_text()
     if not out.tools.is_file():  # before training: a kill after the adapter is saved must find it too
-        with env_benchmark(name, code, range(1)) as bench:  # what the router's gate examples are rendered with
+        with env_benchmark(name, code, range(1), sandbox) as bench:  # what the router's gate examples are rendered with
             atomic_write_json(out.tools, bench.spec()["tools"])
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
 
     def measure(model, tok, tag: str) -> HeldOut:
         """Held-out success of the base ("base") or the trained adapter, on seeds disjoint from training."""
         ids = range(HELDOUT_START, HELDOUT_START + heldout_seeds)
-        policy = HFPolicy(model, tok, tag, max_new_tokens=settings.max_turn_tokens)
-        with env_benchmark(name, code, ids) as bench:
+        policy = HFPolicy(model, tok, tag, max_new_tokens=settings.max_turn_tokens, decode=decode)
+        with env_benchmark(name, code, ids, sandbox) as bench:
             trajs = rollout(bench, policy, [str(x) for x in ids], split="heldout", max_steps=settings.max_turns,
                             store=TrajectoryStore(out.heldout("before" if tag == "base" else "after")))
         figs = next(iter(summarize(trajs).values()))
         return HeldOut(success=figs["pass@1"], mean_reward=figs["mean_reward"], episodes=figs["episodes"])
 
     before = None if distributed else measure(*load_base(), "base")
-    with env_benchmark(name, code, range(train_seeds)) as bench:
+    with env_benchmark(name, code, range(train_seeds), sandbox) as bench:
         adapter, steps, curve, untrained = grpo(name, bench, [str(x) for x in range(train_seeds)], load_base,
-                                                out.grpo, settings, log)
+                                                out.grpo, settings, log, decode)
     if distributed:
         if int(os.environ.get("RANK", "0")):
             return None
