@@ -7,7 +7,7 @@ The builder (a small model) writes a spec, never Python; `EnvSpec.model_json_sch
 interpreted by sandbox/image/spec_env.py, whose docstring documents the format and whose
 `check_spec` gives the findings (`check_in_sandbox` asks a sandbox for them). The models here define
 the format; spec_env (stdlib only: it runs in the image) keeps the same shapes as tables, and
-tests/test_spec_runtime.py fails on any difference between the two.
+tests/sandbox/test_spec_runtime.py fails on any difference between the two.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from moe_throughput import CONFIGS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the letters toy benchmark lives there
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the letters toy benchmark lives there
 
 
 def train(args) -> None:

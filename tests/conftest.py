@@ -1,10 +1,16 @@
+"""Shared by every test folder (tests/<package folder>/ mirrors the package): the doubles, tiny models and
+env modules in tests/support/ are importable here and in the processes tests start."""
 import os
-import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
 from trace_rl.core.io import cache_dir
 
+SUPPORT = str(Path(__file__).resolve().parent / "support")
+sys.path.insert(0, SUPPORT)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # the servers tests start keep their prompt states apart from the user's (which tests never write or prune),
 # in a folder that outlives the session: a second test run restores τ²'s long prompt instead of reading it again

@@ -85,7 +85,7 @@ CALL_KEYS = ({"tool": str}, {"args": dict})
 ENTITY_KEYS = ({"count": list, "fields": dict}, {})
 STEP_KEYS = (({"call": str}, {"args": dict, "when": dict}), ({"reply": str}, {"when": dict}))  # a call, a reply
 COMPONENT_KEYS = ({"name": str, "weight": float, "pred": dict}, {})
-# the same format as the builder's schema (agents/env_spec.py, pydantic): tests/test_spec_runtime.py fails on any drift
+# the same format as the builder's schema (agents/env_spec.py, pydantic): tests/sandbox/test_spec_runtime.py fails on any drift
 TRIVIAL_REPLIES = {"do_nothing": "Hello! How can I help you?",  # the verifier's trivial policies
                    "refuse": "I'm sorry, I cannot help with that request and I am unable to do it."}
 # a slot: {path}, or {{ path }} for a path from task/args/record (small models write it so); else

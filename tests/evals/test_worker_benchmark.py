@@ -116,7 +116,7 @@ def test_a_daemon_the_benchmark_forks_ends_with_the_worker(second_venv):
     """The benchmark's own code detaches a process (setsid, double fork): closing the benchmark ends it."""
     import uuid
 
-    from test_sandbox_backends import DETACH, _alive_with
+    from processes import DETACH, _alive_with
 
     marker = f"trace-rl-worker-daemon-{uuid.uuid4().hex[:8]}"
     side = second_venv / f"side_{marker[-8:]}.py"

@@ -1,12 +1,12 @@
 import json
 """The verifier on a hand-written reference environment and deliberately broken variants."""
 from importlib import resources
-from pathlib import Path
 
 import pytest
 
 from trace_rl.agents.verifier import VerifyConfig, automatic_checks, group_stats
 from trace_rl.core.records import Capability
+from paths import SUPPORT
 
 pytestmark = [pytest.mark.docker, pytest.mark.ci, pytest.mark.slow]
 CFG = VerifyConfig(seeds=20, determinism_seeds=3)
@@ -196,7 +196,7 @@ def test_review_without_a_valid_verdict_is_a_fail_not_a_crash(monkeypatch):
     assert not report.passed and "no valid verdict" in report.failures()[0].detail
 
 
-HINT_LEAK = (Path(__file__).parent / "envs" / "sound.py").read_text() + '''
+HINT_LEAK = (SUPPORT / "envs" / "sound.py").read_text() + '''
 
 # the hint gives the answer away
 class Env(Env):

@@ -11,11 +11,12 @@ from pathlib import Path
 from doubles import ScriptedLLM, endpoint_error
 from tau2_gold import gold_actions
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.models.chat import Reply, ToolCall
+from trace_rl.models.chat import ToolCall
 from trace_rl.evals.benchmark import load_benchmark
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.rollout import rollout
 from trace_rl.evals.tau2_bench import Tau2Benchmark
+from paths import ROOT
 
 
 class TaggedTelecom(Tau2Benchmark):
@@ -139,7 +140,7 @@ KILLABLE = textwrap.dedent("""
 
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):
     n = 6
-    script = KILLABLE.format(tests=str(Path(__file__).parent), n=n, out=str(tmp_path))
+    script = KILLABLE.format(tests=str(Path(__file__).parent), n=n, out=str(tmp_path))  # support: on PYTHONPATH
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     deadline = time.time() + 300
     jsonl = tmp_path / "trajectories.jsonl"
@@ -184,7 +185,7 @@ def test_demo_sample_shows_real_model_turns():
     from trace_rl.core.rundir import RunDir
     from trace_rl.graph.cli import rollout_trajectories, sample_turns
 
-    trajs = rollout_trajectories(RunDir(Path(__file__).resolve().parents[1] / "docs" / "examples" / "telecom"))
+    trajs = rollout_trajectories(RunDir(ROOT / "docs" / "examples" / "telecom"))
     assert len(trajs) == 3 and all(t.model == "qwen2.5-coder-0.5b" and t.steps > 0 for t in trajs)
     text = sample_turns(trajs[0])
     assert "agent> get_customer_by_phone(" in text

@@ -3,15 +3,15 @@ and the worker form in a second venv."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from doubles import ScriptedLLM
 from trace_rl.models.chat import ToolCall
 from trace_rl.evals.benchmark import load_benchmark
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.evals.rollout import rollout
+from paths import ROOT
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+DOC = (ROOT / "docs" / "benchmarks.md").read_text()
 
 
 def block(first_line: str) -> str:

@@ -9,10 +9,12 @@ import pytest
 from pydantic import ValidationError
 
 from doubles import ScriptedLLM
-from test_spec_runtime import call, play, spec_env  # the runtime as the sandbox sees it
+from spec_runtime import call, load_runtime, play
 from trace_rl.agents import env_patterns
 from trace_rl.agents.env_patterns import PatternError, choice_model, expand, parse_choice
 from trace_rl.core.records import Capability
+
+spec_env, _ = load_runtime()  # the runtime as the sandbox sees it
 
 
 def choice_schema(tools: list[dict]) -> dict:

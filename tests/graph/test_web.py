@@ -11,10 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from paths import SUPPORT
 
 pytestmark = [pytest.mark.docker]
-TESTS = Path(__file__).parent
-PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
+PYTHONPATH = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))  # children import what we do
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -50,7 +50,7 @@ def test_environment_approved_in_the_browser_and_the_run_continues(tmp_path, san
             f"r = drive({str(tmp_path)!r}, config(auto_approve=False, approvals=['environments']), resume=False,"
             f" wait=True, web_port={port}, log=lambda *a: None)\n"
             "print('STATUS', r['status'], sorted(r['state']['adapters']))")
-    run = subprocess.Popen([sys.executable, "-c", code], cwd=TESTS, env={**os.environ, "PYTHONPATH": PYTHONPATH},
+    run = subprocess.Popen([sys.executable, "-c", code], cwd=SUPPORT, env={**os.environ, "PYTHONPATH": PYTHONPATH},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(f"http://127.0.0.1:{port}/pending.json")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from test_graph import PYTHONPATH, TESTS, summary
+from test_graph import PYTHONPATH, summary
+from paths import SUPPORT
 
 pytestmark = [pytest.mark.docker]
 CODE = ("import sys, json; from graph_doubles import config; from trace_rl.graph.pipeline import drive\n"
@@ -23,7 +24,7 @@ CODE = ("import sys, json; from graph_doubles import config; from trace_rl.graph
 def start(run: Path, resume: bool) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     env.pop("TRACE_RL_KILL_AT", None)
-    return subprocess.Popen([sys.executable, "-c", CODE, str(run), "1" if resume else "0"], cwd=TESTS, env=env,
+    return subprocess.Popen([sys.executable, "-c", CODE, str(run), "1" if resume else "0"], cwd=SUPPORT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import SUPPORT
 
-TESTS = Path(__file__).parent
 CLI = [sys.executable, "-m", "trace_rl.graph.cli"]
-PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
+PYTHONPATH = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))  # children import what we do
 
 
 def snapshot(root: Path) -> dict:
@@ -57,7 +57,7 @@ def test_a_damaged_run_directory_is_one_line_and_untouched(tmp_path, damage, com
     run = run_dir(tmp_path, damage)
     before = snapshot(run)
     out = subprocess.run(CLI + [command, str(run), "--no-wait"] if command == "resume" else CLI + [command, str(run)],
-                         cwd=TESTS, env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True, text=True,
+                         cwd=SUPPORT, env={**os.environ, "PYTHONPATH": PYTHONPATH}, capture_output=True, text=True,
                          timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text, text[-3000:]
@@ -93,7 +93,7 @@ def test_an_unknown_until_node_is_one_line_naming_the_nodes(tmp_path, command):
     run = run_dir(tmp_path, "none")
     before = snapshot(tmp_path)
     args = ["resume", str(run)] if command == "resume" else ["run", "--run-dir", str(tmp_path / "new")]
-    out = subprocess.run(CLI + args + ["--until", "nonsense"], cwd=TESTS, env={**os.environ, "PYTHONPATH": PYTHONPATH},
+    out = subprocess.run(CLI + args + ["--until", "nonsense"], cwd=SUPPORT, env={**os.environ, "PYTHONPATH": PYTHONPATH},
                          capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode == 2 and "Traceback" not in text and len(text.strip().splitlines()) == 1, text[-3000:]

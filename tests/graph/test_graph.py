@@ -14,10 +14,10 @@ from graph_doubles import config
 from trace_rl.graph.config import ConfigError, load_config
 from trace_rl.graph.approvals import record_decision
 from trace_rl.graph.pipeline import drive
+from paths import SUPPORT
 
 pytestmark = [pytest.mark.docker]
-TESTS = Path(__file__).parent
-PYTHONPATH = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))  # children import what we do
+PYTHONPATH = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))  # children import what we do
 
 
 def summary(state: dict) -> dict:
@@ -87,7 +87,7 @@ def _run(run: Path, resume: bool, kill: str | None = None) -> subprocess.Complet
     env.pop("TRACE_RL_KILL_AT", None)
     if kill:
         env["TRACE_RL_KILL_AT"] = kill
-    return subprocess.run([sys.executable, "-c", code], cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", code], cwd=SUPPORT, env=env, capture_output=True, text=True, timeout=600)
 
 
 KILL_POINTS = ["rollout", "analyse", "select", "next_capability", "synthesise", "approve_env", "train", "compose",
@@ -211,27 +211,27 @@ def test_cli_run_status_approve_resume(tmp_path, sandbox_image):
     cfg.write_text(json.dumps({**config(auto_approve=False, approvals=["capabilities"]).model_dump(),
                                "components": "graph_doubles:components"}))
     run = tmp_path / "run"
-    out = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run), "--no-wait"], cwd=TESTS, env=env,
+    out = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run), "--no-wait"], cwd=SUPPORT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "waiting for a decision" in out.stdout, out.stdout + out.stderr[-2000:]
-    st = subprocess.run(cli + ["status", str(run)], cwd=TESTS, env=env, capture_output=True, text=True)
+    st = subprocess.run(cli + ["status", str(run)], cwd=SUPPORT, env=env, capture_output=True, text=True)
     assert "pending:" in st.stdout and "capabilities@0" in st.stdout and "next: select" in st.stdout
-    bad = subprocess.run(cli + ["approve", str(run), "--reject", "nope"], cwd=TESTS, env=env, capture_output=True, text=True)
+    bad = subprocess.run(cli + ["approve", str(run), "--reject", "nope"], cwd=SUPPORT, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "'nope' is not pending" in bad.stdout
-    ok = subprocess.run(cli + ["approve", str(run)], cwd=TESTS, env=env, capture_output=True, text=True)
+    ok = subprocess.run(cli + ["approve", str(run)], cwd=SUPPORT, env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and "recorded" in ok.stdout
-    again = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run)], cwd=TESTS, env=env,
+    again = subprocess.run(cli + ["run", "-c", str(cfg), "--run-dir", str(run)], cwd=SUPPORT, env=env,
                            capture_output=True, text=True)
     assert again.returncode == 2 and "trace-rl resume" in again.stdout
-    stop = subprocess.run(cli + ["resume", str(run), "--until", "train"], cwd=TESTS, env=env, capture_output=True,
+    stop = subprocess.run(cli + ["resume", str(run), "--until", "train"], cwd=SUPPORT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert stop.returncode == 0 and f"stopped before train: continue with `trace-rl resume {run}`" in stop.stdout, \
         stop.stdout + stop.stderr[-2000:]
     assert (run / "envs" / "lookup_before_answering").is_dir() and not (run / "train").exists()
-    refused = subprocess.run(cli + ["resume", str(run), "--set", "grpo.steps=5"], cwd=TESTS, env=env,
+    refused = subprocess.run(cli + ["resume", str(run), "--set", "grpo.steps=5"], cwd=SUPPORT, env=env,
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "may change only how the run is served" in refused.stdout
-    res = subprocess.run(cli + ["resume", str(run), "--set", "agent.concurrency=3"], cwd=TESTS, env=env,
+    res = subprocess.run(cli + ["resume", str(run), "--set", "agent.concurrency=3"], cwd=SUPPORT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "done" in res.stdout and "before / after" in res.stdout, res.stderr[-2000:]
     assert json.loads((run / "report.json").read_text())["adapters"]["lookup_before_answering"]["steps"] == 2
@@ -339,7 +339,7 @@ def test_a_misbehaving_module_is_a_finding_and_the_next_round_comes(tmp_path, sa
     (it does not raise and get stuck on resume) and round 2 is built and verified."""
     import graph_doubles
 
-    envs = TESTS / "envs"
+    envs = SUPPORT / "envs"
     exits = (envs / "sound.py").read_text() + "\n\n" + (envs / "misbehaving" / "exit_on_seed.py").read_text()
     answers = iter([f"```python\n{exits}```", f"```python\n{graph_doubles.ENV}```"])
     monkeypatch.setattr(graph_doubles, "builder_script", lambda: lambda messages, tools: next(answers))

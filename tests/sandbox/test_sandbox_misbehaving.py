@@ -1,16 +1,15 @@
-"""Environment modules that misbehave the way model-written code does (tests/envs/misbehaving/,
-each appended to the sound tests/envs/sound.py): every one is a finding in the verifier and an
+"""Environment modules that misbehave the way model-written code does (tests/support/envs/misbehaving/,
+each appended to the sound tests/support/envs/sound.py): every one is a finding in the verifier and an
 `env_error` episode on the rollout path, never an exception, a stuck run or a wrong kind."""
 import json
-import time
-from pathlib import Path
 
 import pytest
 
 from trace_rl.sandbox.session import SessionLimits
+from paths import SUPPORT
 
 pytestmark = [pytest.mark.docker]
-ENVS = Path(__file__).parent / "envs"
+ENVS = SUPPORT / "envs"
 SOUND = (ENVS / "sound.py").read_text()
 LIMITS = SessionLimits(call_timeout_s=2.0)
 TOOLS = json.loads(SOUND.split("TOOLS = ", 1)[1].split("\n\n", 1)[0])

@@ -2,39 +2,15 @@
 host on our own test specs; malformed and hostile specs must give findings, never exceptions.
 The last test runs a rendered spec module through the real sandbox and the verifier."""
 import copy
-import importlib.util
 import json
 import random
-import sys
 import types
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from spec_runtime import call, load_runtime, play
 
-ROOT = Path(__file__).resolve().parents[1]
-IMAGE = ROOT / "sandbox" / "image"
-
-
-def _load_runtime():
-    """spec_env and trace_env as the sandbox sees them: sibling modules on the path."""
-    try:  # trace_env imports `reward`, which the image ships next to it (core/reward.py)
-        from trace_rl.core import reward
-        sys.modules.setdefault("reward", reward)
-    except ImportError:
-        pass
-    if str(IMAGE) not in sys.path:
-        sys.path.insert(0, str(IMAGE))
-    import spec_env
-
-    spec = importlib.util.spec_from_file_location("airline_reference_env",
-                                                  ROOT / "sandbox" / "envs" / "precondition_verification_airline.py")
-    airline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(airline)
-    return spec_env, airline
-
-
-spec_env, airline = _load_runtime()
+spec_env, airline = load_runtime()
 TOOLS = airline.TOOLS  # the real airline schemas, as the hand-written env copies them
 RID, UID = "{task.reservation.reservation_id}", "{task.user.user_id}"
 
@@ -137,22 +113,6 @@ AIRLINE = {
 
 def airline_spec():
     return copy.deepcopy(AIRLINE)
-
-
-def play(env, seed, actions):
-    """One episode from reset(seed): actions is a list, or a function of the env (after reset)."""
-    env.reset(seed)
-    for action in actions(env) if callable(actions) else actions:
-        if env.done:
-            break
-        env.step(action)
-    if not env.done:
-        env.step({"content": "Done."})
-    return env.reward()
-
-
-def call(name, **args):
-    return {"tool_calls": [{"id": "c", "name": name, "arguments": args}]}
 
 
 def checks(findings):

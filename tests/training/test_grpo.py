@@ -8,6 +8,7 @@ import torch
 from tiny import LetterBench, tiny_model, tiny_tokenizer
 from trace_rl.training.grpo import PRESETS, CapabilityGRPO, TokenRollout, hinted_slots
 from trace_rl.models.hf_policy import encode
+from paths import ROOT, SUPPORT
 
 CALL = '<tool_call>\n{"name": "get_user", "arguments": {"user_id": "u1"}}\n</tool_call>'
 
@@ -182,7 +183,7 @@ def test_data_parallel_training_matches_one_process(tmp_path):
 
     from safetensors.torch import load_file
 
-    here = os.path.dirname(__file__)
+    here = str(SUPPORT)
     env = {**os.environ, "PYTHONPATH": here, "OMP_NUM_THREADS": "1"}
     worker = os.path.join(here, "grpo_dp_worker.py")
     subprocess.run([sys.executable, worker, str(tmp_path / "one")], env=env, check=True, timeout=600)
@@ -212,12 +213,11 @@ def test_train_command_under_torchrun(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from tiny import save_tiny
 
     ckpt = save_tiny(tmp_path / "tiny")
-    env_py = Path(__file__).parents[1] / "sandbox" / "envs" / "tool_call_precision_telecom.py"
+    env_py = ROOT / "sandbox" / "envs" / "tool_call_precision_telecom.py"
     out = tmp_path / "run"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "trace_rl.graph.cli",
                     "train", str(env_py), "--model", str(ckpt), "--preset", "tiny", "--set", "groups_per_step=2",

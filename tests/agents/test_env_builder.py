@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 
 import pytest
 
@@ -9,11 +8,12 @@ from trace_rl.agents.builders.code import EnvDraft, parse_draft, reference_examp
 from trace_rl.agents.env_builder import synthesize
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.records import Capability
+from paths import ROOT
 
 
 def shipped_spec(avoid_domain: str) -> dict:
     """A verified spec shipped in sandbox/envs/, from another domain than `avoid_domain`."""
-    root = Path(__file__).parents[1] / "sandbox" / "envs"
+    root = ROOT / "sandbox" / "envs"
     return json.loads(next(p for p in sorted(root.glob("*.spec.json"))
                            if not p.name.endswith(f"_{avoid_domain}.spec.json")).read_text())
 
@@ -219,7 +219,7 @@ def test_the_starter_spec_code_writes_is_valid_on_each_target(domain, sandbox_im
     from trace_rl.evals.benchmark import load_benchmark
 
     sys.modules.setdefault("reward", reward)
-    sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox" / "image"))
+    sys.path.insert(0, str(ROOT / "sandbox" / "image"))
     import spec_env
 
     target = load_benchmark(f"tau2:{domain}").spec()

@@ -7,6 +7,7 @@ from importlib import resources
 
 import pytest
 
+from processes import DETACH, _alive_with
 from trace_rl.sandbox.session import (EnvSession, Sandbox, SandboxError, SessionLimits, SessionPool,
                                       SubprocessSession, backend_name, open_session)
 
@@ -158,29 +159,6 @@ def test_subprocess_pool_replaces_dead_sessions():
         assert b is not a and b.call("ping", 2) == 2
         pool.release(b)
     assert not any(os.path.exists(s.dir) for s in (a, b))
-
-
-def _alive_with(marker: str) -> list[int]:
-    """Host pids whose command line carries `marker`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
-DETACH = """import os, subprocess, sys
-subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}-setsid'], start_new_session=True)
-if os.fork() == 0:  # a double fork: the grandchild's parent is gone before close
-    os.setsid()
-    if os.fork() == 0:
-        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', '{marker}-daemon'])
-    os._exit(0)
-print('spawned')"""
 
 
 def test_no_process_a_module_detaches_outlives_its_subprocess_session():
