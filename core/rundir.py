@@ -200,10 +200,6 @@ class RunDir(Folder):
             return [f"{self.iteration(0).name}/{ITERATION_OUTPUTS[stage]}"]
         return list(RUN_OUTPUTS[stage])
 
-    def later_iterations(self) -> list[str]:
-        """The autonomous loop's folders after the first, relative to the run."""
-        return [self.iteration(i).name for i in self.iterations() if i > 0]
-
     def here(self, path: str) -> str:
         """A path the state recorded, on this machine. A run packed on one machine and unpacked on
         another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path

@@ -116,7 +116,7 @@ def test_a_daemon_the_benchmark_forks_ends_with_the_worker(second_venv):
     """The benchmark's own code detaches a process (setsid, double fork): closing the benchmark ends it."""
     import uuid
 
-    from processes import DETACH, _alive_with
+    from processes import DETACH, alive_when
 
     marker = f"trace-rl-worker-daemon-{uuid.uuid4().hex[:8]}"
     side = second_venv / f"side_{marker[-8:]}.py"
@@ -131,13 +131,7 @@ def test_a_daemon_the_benchmark_forks_ends_with_the_worker(second_venv):
     bench = ForkingBenchmark(python=str(second_venv / "venv" / "bin" / "python"), call_timeout_s=30)
     try:
         assert bench.splits() == ["train", "test"]
-        deadline = time.monotonic() + 10
-        while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(_alive_with(marker)) == 2
+        assert len(alive_when(marker, lambda n: n >= 2, 10)) == 2
     finally:
         bench.close()
-    deadline = time.monotonic() + 5
-    while _alive_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _alive_with(marker) == []
+    assert alive_when(marker, lambda n: n == 0, 5) == []

@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from processes import DETACH, _alive_with
+from processes import DETACH, alive_when
 from trace_rl.sandbox.session import (EnvSession, Sandbox, SandboxError, SessionLimits, SessionPool,
                                       SubprocessSession, backend_name, open_session)
 
@@ -170,13 +170,7 @@ def test_no_process_a_module_detaches_outlives_its_subprocess_session():
     s = SubprocessSession(LIMITS)
     try:
         assert "spawned" in s.exec(DETACH.format(marker=marker), timeout=20)
-        deadline = time.monotonic() + 10
-        while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(_alive_with(marker)) == 2
+        assert len(alive_when(marker, lambda n: n >= 2, 10)) == 2
     finally:
         s.close()
-    deadline = time.monotonic() + 5
-    while _alive_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _alive_with(marker) == []
+    assert alive_when(marker, lambda n: n == 0, 5) == []

@@ -1,6 +1,7 @@
 """Processes that try to outlive their sandbox or worker, and how a test finds them (the sandbox's and
 the worker benchmark's tests share them)."""
 import os
+import time
 
 
 def _alive_with(marker: str) -> list[int]:
@@ -24,3 +25,12 @@ if os.fork() == 0:  # a double fork: the grandchild's parent is gone before clos
         os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', '{marker}-daemon'])
     os._exit(0)
 print('spawned')"""
+
+
+def alive_when(marker: str, done, seconds: float) -> list[int]:
+    """The pids `_alive_with(marker)` once `done(their count)` holds, or after `seconds` (processes start and
+    end asynchronously)."""
+    deadline = time.monotonic() + seconds
+    while not done(len(found := _alive_with(marker))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return found
