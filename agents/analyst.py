@@ -95,7 +95,7 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
 
     Long messages are cut in the middle; if still too long, middle messages are elided
     with an explicit marker, keeping the start (the task) and the end (the outcome). `alias`: the
-    short id the model sees instead of the key (τ² telecom keys are 100 similar characters a 1.5B
+    short id the model sees instead of the key (τ² telecom keys are 100 similar characters a small model
     cannot copy; code maps the alias back).
     """
     head = (f"### trajectory {alias or traj.key}\noutcome: {'PASSED' if traj.passed else 'FAILED'} "
@@ -150,14 +150,14 @@ Candidate = create_model("Capability", __base__=_Candidate)  # named in the sche
 
 
 class Candidates(BaseModel):
-    # at least one: an empty list parses but names nothing to label (the 0.5B's answer once, docs/benchmarks);
+    # at least one: an empty list parses but names nothing to label;
     # at most the method's 10 (a run asks for at most its n_candidates: candidates_schema)
     capabilities: list[Candidate] = Field(min_length=1, max_length=10)
 
 
 def candidates_schema(n: int) -> type[Candidates]:
     """Candidates of at most `n` capabilities in the schema itself, so that a grammar-constrained decoder
-    cannot write an (n+1)-th: the demo's 0.5B proposed 4 of 3 in all 5 attempts when only a check said so."""
+    cannot write an (n+1)-th, where a check after decoding only makes a small model try again."""
     return create_model("Candidates", __base__=Candidates,
                         capabilities=(list[Candidate], Field(min_length=1, max_length=n)))
 
@@ -297,13 +297,13 @@ def answer_shapes(ids: list[str], caps: list[str], facts: dict[str, list[str]] |
                   ) -> tuple[type[BaseModel], type[BaseModel]]:
     """(strict, lenient) shapes of one labelling answer: {trajectory id: {capability: label and
     evidence}}. The strict one, every pair required, is the grammar (llama.cpp decodes to it): a
-    small model cannot skip a pair or invent an id (the 0.5B wrote "..." for both, copied from an
-    example), it only decides each label. The lenient one, every pair optional, is what is parsed,
+    small model cannot skip a pair or invent an id (or copy "..." from an example), it only decides
+    each label. The lenient one, every pair optional, is what is parsed,
     so an endpoint without a grammar that answers part of the pairs keeps that part. `facts`: per id,
     the facts code found there, the only ones the grammar lets a label cite."""
     def body(name: str, found: list[str] | None) -> type[BaseModel]:
         fact = (str | None, None) if found is None else (Literal[tuple(found)] | None, None) if found else None
-        # bounded, so a looping small model ends its string (a 0.5B filled 2,047 tokens with one quote)
+        # bounded, so a looping small model ends its string
         return create_model(name, label=(Label, ...), step=(int | None, Field(None, ge=0, le=9999)),
                             quote=(str, Field("", max_length=160)), **({"fact": fact} if fact else {}))
 

@@ -291,8 +291,8 @@ _WORD = re.compile(r"[a-z_][a-z0-9_]{3,}")
 
 def grounded(finding: str, rubric: str, material: str) -> bool:
     """A review finding names something of this environment: a word (>= 4 letters) that is in its
-    code or sample episodes and not in the review prompt. The 1.5B's only finding on a spec that
-    passed every check was the prompt's checklist copied out: that is not evidence."""
+    code or sample episodes and not in the review prompt: the prompt's checklist copied out is not
+    evidence."""
     words = set(_WORD.findall(finding.lower())) - set(_WORD.findall(rubric.lower()))
     return bool(words & set(_WORD.findall(material.lower())))
 

@@ -95,9 +95,8 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
 
 def hollow(traj: Trajectory) -> bool:
     """An episode the user (simulator) ended before the agent did anything: at most one opening
-    message, no tool call. τ²-bench passes one when the task asks for no change: the embedded 1.5B
-    as user simulator wrote ###STOP### as its first turn in all 13 airline episodes that finished
-    in one GPU call, and 9 of them passed. Passed or failed, it shows nothing about the agent."""
+    message, no tool call. τ²-bench passes one when the task asks for no change. Passed or failed, it
+    shows nothing about the agent."""
     return traj.termination == "user_stop" and not any(m.get("tool_calls") for m in traj.messages) and \
         sum(m.get("role") == "assistant" for m in traj.messages) <= 1
 
@@ -112,8 +111,8 @@ def render_facts(facts: dict) -> str:
 
 def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: int = 2) -> str:
     """What code found across *all* trajectories, failed vs passed, with a few verbatim examples:
-    discovery reads a handful of trajectories, and a small model proposes from one long read
-    (the 0.5B named "solve_ticket"); these counts show it which failures recur and how often."""
+    discovery reads a handful of trajectories, and a small model proposes from one long read; these
+    counts show it which failures recur and how often."""
     failed = [k for k in facts if not outcome.get(k, False)]
     passed = [k for k in facts if outcome.get(k, False)]
 
@@ -136,7 +135,7 @@ def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: in
 METRIC_WORDS = [  # (words in a capability's name or description, the fact that measures it)
     (("precondition", "verif", "before", "check", "eligib"), "write_without_read"),
     (("schema", "format"), "invalid_arguments"),
-    # the embedded 1.5B's arguments keep to the schemas (0 of 80 telecom episodes break one) but it makes up ids
+    # arguments that keep to the schemas can still carry made-up ids: precision is measured by grounding
     (("precision", "argument", "parameter", "ground", "fabricat"), "ungrounded_arguments"),
     (("unknown", "hallucinat", "nonexistent"), "unknown_tools"),
     (("repeat", "loop", "redundant", "duplicate"), "repeated_calls"),

@@ -181,8 +181,8 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
 
 
 PRESETS: dict[str, dict] = {
-    # one GPU (an H200 here), the embedded 1.5B in every role, served by the engine; GRPO sized so that the
-    # capabilities and the target baseline train within about half an hour (docs/examples/gpu)
+    # one GPU, the embedded 1.5B in every role, served by the engine; GRPO sized so that the capabilities and
+    # the target baseline train within about half an hour (docs/examples/gpu)
     "gpu": {
         "benchmark": "tau2:airline", "base_model": "qwen2.5-coder-1.5b", "serve": "hf", "serve_rows": 128,
         "rollout_split": "train", "trials": 4, "eval_split": "test", "eval_trials": 2,
@@ -192,8 +192,8 @@ PRESETS: dict[str, dict] = {
         "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 3000}, "builder_mode": "pattern",
         "analysis": {"n_runs": 10, "k": 8, "concurrency": 32},
         "max_capabilities": 4, "build_rounds": 3, "target_baseline": True,
-        # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a 1.5B
-        # and 10 steps x 2 groups x 16 = 320 rollouts per capability (the paper: ~1,280)
+        # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a
+        # small model and 10 steps x 2 groups x 16 = 320 rollouts per capability (the paper: ~1,280)
         "grpo": GRPO_PRESETS["paper"].model_dump() | {"groups_per_step": 2, "steps": 10, "learning_rate": 2e-5,
                                                       "max_turns": 12, "max_turn_tokens": 256, "max_seq_len": 14336,
                                                       "save_steps": 5, "kl_every": 5},
@@ -201,24 +201,21 @@ PRESETS: dict[str, dict] = {
     },
     # the method's settings (TRACE §2-5), for a GPU and a real endpoint
     "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
-    # the whole pipeline on the embedded models on a 2-core CPU (19 min measured, nothing trained: docs/examples/demo)
+    # the whole pipeline on the embedded models on a 2-core CPU within ~20 min (docs/examples/demo; why each
+    # setting is what it is: docs/observations.md). Upstream's prompt layout (no `ticket` option).
     "demo": {
-        # upstream's prompt layout: with the ticket after the tools (`ticket: after_tools`, read once per
-        # server) the 0.5B answered every T=0 episode with a made-up function as text (benchmarks/README.md)
         "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3, "trials": 2,
         "eval_tasks": 10, "eval_trials": 1, "base_model": "qwen2.5-coder-0.5b",
         "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
-        "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},  # a 1.5B build takes ~20 min here
-        # the composed model runs in-process at ~2.5 tok/s (fp32) on telecom's ~10k-token prompt: ~6 min a task
+        "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},
         "agent": {"max_steps": 5, "max_tokens": 96, "temperature": 0.7},
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
         # 40 seeds: fewer make the random-policy check noisy. Calibration gates, as in the method: an env the
-        # 0.5B base cannot score on goes back to the builder with its figures, then to a human.
+        # base cannot score on goes back to the builder with its figures, then to a human.
         "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},
         "build_rounds": 2, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
-        # a GRPO step of 4 episodes takes ~3 min here (rollout ~50 s, loss ~2 min); KL to the base would add
-        # ~1 min a step, so the demo leaves it to `trace-rl train` (docs/examples/grpo-cpu)
+        # KL to the base would add a third to each step: the demo leaves it to `trace-rl train`
         "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 3, "group_size": 4, "groups_per_step": 1, "max_turns": 3,
                                                     "max_turn_tokens": 64, "resample_constant_groups": 1,
                                                     "log_kl": False},

@@ -95,7 +95,7 @@ def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
     a: AdapterRecord
     for cap, a in (s.get("adapters") or {}).items():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""
-        if a.before and a.before.success >= 1.0:  # the proof run's tool_argument_precision env: GRPO had nothing to teach
+        if a.before and a.before.success >= 1.0:  # GRPO had nothing to teach
             held += " (the base already passed every held-out seed: the env is too easy for it)"
         source = getattr((s.get("envs") or {}).get(cap), "source", "")
         rows.append({"stage": "train", "outcome": "untrained" if a.untrained else "produced",

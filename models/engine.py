@@ -75,10 +75,10 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, drop
     hkv = key.shape[1]
     if t == 1 and hq != hkv:
         q = query.reshape(b, hkv, hq // hkv, d)  # query heads j*n .. j*n+n-1 share key/value head j
-        if torch.compiler.is_compiling():  # written out, inductor fuses it with its neighbours: 443 against
-            w = (q @ key.transpose(-1, -2)).float() * (scaling or d ** -0.5)  # 406 tok/s (1.5B, batch 1, H100)
+        if torch.compiler.is_compiling():  # written out, inductor fuses it with its neighbours (faster)
+            w = (q @ key.transpose(-1, -2)).float() * (scaling or d ** -0.5)
             out = w.masked_fill(~attention_mask, float("-inf")).softmax(-1).to(value.dtype) @ value
-        else:  # one kernel; in a CUDA graph as fast as the written-out form (243 against 242 tok/s)
+        else:  # one kernel; in a CUDA graph as fast as the written-out form
             out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
         return out.reshape(b, hq, 1, d).transpose(1, 2), None
     if hq != hkv:
@@ -113,8 +113,8 @@ def _hf_model(model):
 
 
 def _argmax(scores: torch.Tensor, chunks: int = 128) -> torch.Tensor:
-    """Argmax over the last dimension in two stages: a row's 150k logits reduced by one thread
-    block took 108 µs of a 2.7 ms decode step on an H100; in `chunks` pieces they spread over the GPU."""
+    """Argmax over the last dimension in two stages: a row's 150k logits reduced by one thread block
+    take a large share of a decode step; in `chunks` pieces they spread over the GPU."""
     rows, v = scores.shape
     if v % chunks:
         scores = torch.nn.functional.pad(scores, (0, chunks - v % chunks), value=float("-inf"))

@@ -31,7 +31,7 @@ from trace_rl.models.hf_policy import HFPolicy, encode, render
 def schema_prefix(response_format: dict | None) -> str:
     """The opening of the JSON object that `response_format`'s schema asks for (`{"capabilities": `).
     For an engine without xgrammar: written into the assistant's turn, this opening holds a small model to
-    the asked shape (the 0.5B otherwise answers an analyst prompt with a tool call of its own). Not a
+    the asked shape (without it, it may answer an analyst prompt with a tool call of its own). Not a
     guarantee: the client still validates and retries. Both forms: OpenAI's json_schema, and
     llama.cpp's json_object + schema."""
     schema = grammar.request_schema(response_format) or {}

@@ -1,9 +1,8 @@
 """Stacked projections for decoding: one GEMM per attention block for q, k and v, and one per MLP
 for gate and up, instead of one per projection.
 
-At batch 1 a small projection's GEMM costs a ~5 µs launch, not its weight reads (k and v read
-0.8 MB each on a 1.5B model): a decode step of Qwen2.5-1.5B spends 0.4 ms of its 2.7 on the three
-q/k/v launches alone (benchmarks/decode_profile.py). Stacking reads the same bytes in one launch.
+At batch 1 a small projection's GEMM costs its launch, not its weight reads (measured in
+benchmarks/README.md, benchmarks/decode_profile.py). Stacking reads the same bytes in one launch.
 
 The group's first module (the one the model calls first: q, gate) computes every member's output;
 the others take their part when called with the same input (the last one lets go of it) and

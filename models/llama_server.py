@@ -74,8 +74,8 @@ def states_to_keep(saved: list[tuple[Path, list[int]]], keep: int) -> list[Path]
 class PromptStates:
     """llama.cpp states of long prompts kept on disk, so that a server restores the longest saved prefix of a
     request instead of computing it again. τ²-bench's ~10k-token system prompt is the same for every task of a
-    domain and costs ~190 s to read on 2 cores, once per server start (llama.cpp itself reuses the previous
-    request's prefix within a server); a restore takes about a second. The tokens are the same, the outputs too.
+    domain and is read once per server start (llama.cpp itself reuses the previous request's prefix within a
+    server); a restore is far cheaper (benchmarks/README.md). The tokens are the same, the outputs too.
 
     A state belongs to one model file (and LoRA) and context size (its own folder); `keep` states stay
     (`states_to_keep`: the 4 newest, and the 4 longest of the rest)."""

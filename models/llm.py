@@ -33,8 +33,8 @@ class LLMConfig(BaseModel):
     temperature: float = Field(0.0, ge=0)
     max_tokens: int = Field(512, ge=16)
     timeout: float | None = Field(None, gt=0, description="seconds an endpoint may stay silent (connect, each "
-                                  "read); unset: 3600 for a local CPU server (a long answer from a 1.5B model takes "
-                                  "~20 min), 600 remote")
+                                  "read); unset: 3600 for a local CPU server (a long answer on a CPU can take minutes), "
+                                  "600 remote")
     deadline: float | None = Field(None, gt=0, description="seconds one request may take in all (the client's "
                                    "own retries included), however slowly the endpoint drips its answer; unset: "
                                    "the timeout")

@@ -41,8 +41,7 @@ def task_text(messages: list[dict], budget: int = 1500) -> str:
 class ClassifierRouter:
     """Top-1 per conversation: the option the base model scores highest as the next letter.
 
-    Small models favour a letter whatever the task (the embedded 0.5B answers "B" to
-    everything), so the capabilities are shown in every cyclic order and each one's
+    Small models favour a letter whatever the task, so the capabilities are shown in every cyclic order and each one's
     log-probability is averaged over the positions it took (base stays option A)."""
 
     def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[Capability]):

@@ -217,8 +217,7 @@ def _signal_only_trainer():
       momentum. Weak base models produce such batches often, and the loss is most of a step's time.
     - A step whose gradient is not finite is skipped (`skipped_nonfinite_grad`): clipping a NaN norm
       turns every gradient into NaN and one Adam step then writes NaN into every LoRA weight, after
-      which the policy only emits garbage (seen on an H100 in bf16: grad_norm nan at step 3, then
-      every completion ran to the turn limit).
+      which the policy only emits garbage.
     All processes decide together."""
     from transformers import TrainerCallback
     from trl import GRPOTrainer

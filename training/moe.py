@@ -158,7 +158,7 @@ class LayerGate(nn.Module):
             taken = taken | first[-1]
         route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
         self.routing.route, self.routing.probs = route, torch.stack(probs, -1)
-        # the mask from the route, not a stack of per-slot masks: on an H100 that stack was a kernel of its own
+        # the mask from the route, not a stack of per-slot masks (that stack is a kernel of its own)
         self.routing.mask = self._mask(route, gate, hidden.dtype)
 
     def _row_bias(self, dim: int) -> torch.Tensor:

@@ -43,7 +43,7 @@ def write_pattern(llm, capability: Capability, target: Target, feedback=None, pr
     def expanded(choice) -> tuple[dict, dict]:
         if why := env_patterns.misfit(capability, choice.root.pattern, patterns):
             raise env_patterns.PatternError("pattern", why)
-        if binding(choice.model_dump()) in tried:  # the 0.5B sent round 1's choice again, word for word
+        if binding(choice.model_dump()) in tried:  # a small model resends a failed choice word for word
             raise env_patterns.PatternError("pattern", "the same pattern and tools as your previous choice, which "
                                                        "failed the checks: choose another pattern or other tools")
         try:

@@ -18,8 +18,8 @@ from trace_rl.core.rundir import Attempt
 
 def starter_spec(tools: list[dict], name: str = "") -> dict:
     """A minimal valid spec that code writes on the target's own tools (look a record up by its id,
-    tell the user a code only the record holds), for the builder to extend. A worked example from another domain made
-    the 1.5B copy that domain's tools, ids and facts (docs/examples/spec-build)."""
+    tell the user a code only the record holds), for the builder to extend: a worked example from another domain gets
+    that domain's tools, ids and facts copied."""
     for t in tools:
         behaviour, entity, key = suggest_behaviour(t["function"])
         if behaviour["kind"] == "read" and "field" not in behaviour:
@@ -45,8 +45,7 @@ def starter_spec(tools: list[dict], name: str = "") -> dict:
 def copies_starter(spec: dict, tools: list[dict]) -> bool:
     """Whether a spec still asks, does and rewards exactly what the starter does (look a record up,
     tell its reference code): the example "trains nothing yet", so a spec that only renamed its
-    entity, tool or slots is not an environment for any capability. The 1.5B sent it back unchanged
-    for three of four capabilities and every automatic check passed it."""
+    entity, tool or slots is not an environment for any capability, though every automatic check passes it."""
     try:
         starter = starter_spec(tools)
     except ValueError:
@@ -55,9 +54,8 @@ def copies_starter(spec: dict, tools: list[dict]) -> bool:
 
 
 def _task_shape(spec: dict, tools: list[dict]) -> str:
-    """The user message, reference and reward with slots, tool names and arguments abstracted (the
-    proof run's 1.5B passed the starter off as two capabilities' envs by looking the record up by
-    phone number instead of id)."""
+    """The user message, reference and reward with slots, tool names and arguments abstracted (the starter
+    with the record looked up by another tool or argument is still the starter)."""
     names = {t["function"]["name"] for t in tools}
 
     def walk(x, key: str | None = None):
@@ -137,7 +135,7 @@ def write_spec(llm, capability: Capability, target: Target, examples: list[str],
     names = sorted(t["function"]["name"] for t in target.tools)
 
     def known_tools(spec: EnvSpec) -> dict:
-        # the request lists tools as `name(arguments)`; the 1.5B copied that form as the name: code strips it
+        # the request lists tools as `name(arguments)`; a model may copy that form as the name: code strips it
         spec.tools = {n.split("(")[0].strip(): v for n, v in spec.tools.items()}
         if not any(n in names for n in spec.tools):  # some other domain's tools only: nothing to repair from
             raise ValueError(f"tools: {sorted(spec.tools)} are not tools of {target.name}; choose from "

@@ -837,7 +837,7 @@ EXPOSED_TOOLS = 5  # an env trains with a few of the target's tools (the verifie
 
 
 def _trim_tools(spec, notes):
-    """Exposing every tool of the target (the 1.5B did) makes an env the verifier refuses: keep the
+    """Exposing every tool of the target makes an env the verifier refuses: keep the
     tools the reference, reward, task and guards use, and others up to EXPOSED_TOOLS (distractors)."""
     exposed = spec.get("tools")
     if not isinstance(exposed, dict) or len(exposed) <= EXPOSED_TOOLS:
