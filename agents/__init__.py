@@ -1,1 +1,1 @@
-"""Agents: the LLM client, the base agent, the analyst, the env-builder and the verifier."""
+"""Agents: the base agent loop, the analyst, the env-builder and the verifier (models: models/)."""

@@ -25,8 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from trace_rl import prompts
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.llm import LLM, ReplyError, StructuredOutputError
-from trace_rl.core.records import CapabilityRecord
+from trace_rl.models.chat import ReplyError, StructuredOutputError
+from trace_rl.models.llm import LLM
+from trace_rl.core.records import Capability, CapabilityRecord
+from trace_rl.core.rundir import AnalysisDir
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.facts import FACTS, facts_summary, hollow, render_facts, trajectory_facts
 
@@ -93,7 +95,7 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
 
     Long messages are cut in the middle; if still too long, middle messages are elided
     with an explicit marker, keeping the start (the task) and the end (the outcome). `alias`: the
-    short id the model sees instead of the key (τ² telecom keys are 100 similar characters a 1.5B
+    short id the model sees instead of the key (τ² telecom keys are 100 similar characters a small model
     cannot copy; code maps the alias back).
     """
     head = (f"### trajectory {alias or traj.key}\noutcome: {'PASSED' if traj.passed else 'FAILED'} "
@@ -125,9 +127,11 @@ def compact(traj: Trajectory, budget: int, facts: dict | None = None, alias: str
 _SNAKE = r"^[a-z][a-z0-9]*(_[a-z0-9]+)+$"
 
 
-class Capability(BaseModel):
-    # pattern / length / item counts are checked by pydantic and are in the JSON schema too, so
-    # constrained decoding enforces them; only the sentence count needs a validator
+class _Candidate(Capability):
+    """A capability as discovery proposes it, with the failed tasks that show it. Pattern / length / item
+    counts are checked by pydantic and are in the JSON schema too, so constrained decoding enforces them;
+    only the sentence count needs a validator."""
+    model_config = ConfigDict(extra="ignore")
     name: str = Field(description="snake_case, general (e.g. multi_step_state_modification)", pattern=_SNAKE)
     description: str = Field(description="2-3 sentences", max_length=600)
     example_task_ids: list[str] = Field(description="2-4 ids of failed tasks that show the gap", min_length=1,
@@ -142,17 +146,20 @@ class Capability(BaseModel):
         return v
 
 
+Candidate = create_model("Capability", __base__=_Candidate)  # named in the schema the model is shown as it always was
+
+
 class Candidates(BaseModel):
-    # at least one: an empty list parses but names nothing to label (the 0.5B's answer once, docs/benchmarks);
+    # at least one: an empty list parses but names nothing to label;
     # at most the method's 10 (a run asks for at most its n_candidates: candidates_schema)
-    capabilities: list[Capability] = Field(min_length=1, max_length=10)
+    capabilities: list[Candidate] = Field(min_length=1, max_length=10)
 
 
 def candidates_schema(n: int) -> type[Candidates]:
     """Candidates of at most `n` capabilities in the schema itself, so that a grammar-constrained decoder
-    cannot write an (n+1)-th: the demo's 0.5B proposed 4 of 3 in all 5 attempts when only a check said so."""
+    cannot write an (n+1)-th, where a check after decoding only makes a small model try again."""
     return create_model("Candidates", __base__=Candidates,
-                        capabilities=(list[Capability], Field(min_length=1, max_length=n)))
+                        capabilities=(list[Candidate], Field(min_length=1, max_length=n)))
 
 
 def resolve_id(given: str, ids: set[str]) -> str | None:
@@ -165,7 +172,7 @@ def resolve_id(given: str, ids: set[str]) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Capability]:
+def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[str]) -> list[Candidate]:
     """Reject domain recipes and duplicates; raise with every problem so the model can fix them."""
     problems, out, seen_keys = [], [], []
     for c in cands.capabilities:
@@ -221,7 +228,7 @@ def by_id(named: dict[str, Trajectory]) -> dict[str, Trajectory]:
 
 
 def discover(llm: LLM, trajs: list[Trajectory], cfg: AnalysisConfig, attempts: int = 3,
-             facts: dict | None = None) -> list[Capability]:
+             facts: dict | None = None) -> list[Candidate]:
     shown = aliases(discovery_examples(trajs, cfg.discovery_examples))
     per = max(500, cfg.context_chars // max(1, len(shown)))
     text = "\n\n".join(compact(t, min(per, cfg.per_trajectory_chars), (facts or {}).get(t.key), alias=a)
@@ -290,13 +297,13 @@ def answer_shapes(ids: list[str], caps: list[str], facts: dict[str, list[str]] |
                   ) -> tuple[type[BaseModel], type[BaseModel]]:
     """(strict, lenient) shapes of one labelling answer: {trajectory id: {capability: label and
     evidence}}. The strict one, every pair required, is the grammar (llama.cpp decodes to it): a
-    small model cannot skip a pair or invent an id (the 0.5B wrote "..." for both, copied from an
-    example), it only decides each label. The lenient one, every pair optional, is what is parsed,
+    small model cannot skip a pair or invent an id (or copy "..." from an example), it only decides
+    each label. The lenient one, every pair optional, is what is parsed,
     so an endpoint without a grammar that answers part of the pairs keeps that part. `facts`: per id,
     the facts code found there, the only ones the grammar lets a label cite."""
     def body(name: str, found: list[str] | None) -> type[BaseModel]:
         fact = (str | None, None) if found is None else (Literal[tuple(found)] | None, None) if found else None
-        # bounded, so a looping small model ends its string (a 0.5B filled 2,047 tokens with one quote)
+        # bounded, so a looping small model ends its string
         return create_model(name, label=(Label, ...), step=(int | None, Field(None, ge=0, le=9999)),
                             quote=(str, Field("", max_length=160)), **({"fact": fact} if fact else {}))
 
@@ -402,20 +409,20 @@ class LabelRun:
 
 
 def label_runs(llm: LLM, trajs: list[Trajectory], caps: list[Capability], cfg: AnalysisConfig,
-               labels_dir: Path, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
-    """N independent labelling runs (isolated contexts), resumable from `labels_dir`."""
+               folder: AnalysisDir, progress: bool = True, facts: dict | None = None) -> list[LabelRun]:
+    """N independent labelling runs (isolated contexts), resumable from the labels in `folder`."""
     from rich.progress import Progress
 
     names = [c.name for c in caps]
 
     def one_run(r: int, bar, task) -> dict:
-        path = labels_dir / f"run_{r:02d}.json"
+        path = folder.labels(r)
         labels = merge_json(path, {})
         todo = [t for t in trajs if not all(n in labels.get(t.key, {}) for n in names)]
         for batch in _batches(todo, cfg, len(caps)):
             got, evidence = label_batch(llm, batch, caps, cfg, seed=1000 + r, facts=facts)
             # evidence first: a kill between the two re-labels the batch, never loses its evidence
-            merge_json(labels_dir / f"run_{r:02d}_evidence.json", evidence)
+            merge_json(folder.labels(r, evidence=True), evidence)
             labels = merge_json(path, got)
             bar.update(task, advance=len(batch))
         keys = {t.key for t in trajs}
@@ -531,8 +538,8 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
 
     Writes facts.json, candidates.json, labels/run_XX(_evidence).json, capabilities.json, cov_delta.png."""
     cfg = cfg or AnalysisConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = AnalysisDir(out_dir)
+    out.root.mkdir(parents=True, exist_ok=True)
     if not trajs:
         raise ValueError("no trajectories to analyse: run the rollout stage first")
     left_out = [t.key for t in trajs if hollow(t)]
@@ -554,19 +561,18 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
     models = list({id(m): m for m in (llm, labeller)}.values())
     usage0 = [asdict(m.usage) for m in models]
     facts = {t.key: trajectory_facts(t, tools) for t in trajs}
-    atomic_write_json(out / "facts.json", facts)
-    cand_path = out / "candidates.json"
+    atomic_write_json(out.facts, facts)
+    cand_path = out.candidates
     try:
         if cand_path.exists():
-            caps = [Capability(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
+            caps = [Candidate(**c) for c in json.loads(cand_path.read_text())["capabilities"]]
         else:
             caps = discover(llm, trajs, cfg, attempts=5, facts=facts)
             atomic_write_json(cand_path, {"capabilities": [c.model_dump() for c in caps]})
-        runs = label_runs(labeller, trajs, caps, label_cfg, out / "labels", progress, facts)
+        runs = label_runs(labeller, trajs, caps, label_cfg, out, progress, facts)
     except (AnalystError, StructuredOutputError) as err:  # the model's fault: one line, its reply on disk
-        atomic_write_json(out / "analyst_error.json", {"error": str(err), "model": llm.name,
-                                                        "reply": getattr(err, "reply", "")})
-        raise AnalystError(f"{str(err).splitlines()[0][:300]} (the model's last reply: {out / 'analyst_error.json'})",
+        atomic_write_json(out.error, {"error": str(err), "model": llm.name, "reply": getattr(err, "reply", "")})
+        raise AnalystError(f"{str(err).splitlines()[0][:300]} (the model's last reply: {out.error})",
                            getattr(err, "reply", "")) from None
     outcome = {t.key: t.passed for t in trajs}
     results = aggregate(caps, runs, outcome, label_cfg)
@@ -575,14 +581,14 @@ def analyze(trajs: list[Trajectory], llm: LLM, out_dir: str | Path, cfg: Analysi
                          key=lambda r: -r.cov_mean)
     usage = {k: sum(asdict(m.usage)[k] - u[k] for m, u in zip(models, usage0)) for k in usage0[0]}
     pairs = len(trajs) * len(caps)
-    atomic_write_json(out / "capabilities.json", {
+    atomic_write_json(out.capabilities, {
         "config": cfg.model_dump(), "trajectories": len(trajs), "failed": sum(not t.passed for t in trajs),
         "passed": n_passed, "contrast": contrast, "hollow": left_out, "no_contrast": no_contrast,
         "labelling_runs": [{"run": i, "pairs": pairs, "unlabelled": r.unlabelled, "unverified": r.unverified,
                             "reliable": reliable(r, pairs, cfg)} for i, r in enumerate(runs)],
         "cost": {**usage, "wall_seconds": time.perf_counter() - t0, "model": llm.name, "labeller": labeller.name},
         "capabilities": [r.model_dump() for r in results]})
-    plot_cov_delta(results, cfg, out / "cov_delta.png")
+    plot_cov_delta(results, cfg, out.plot)
     return results
 
 

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from trace_rl.core.episode import STEP_TIMEOUT_S, Episode, EpisodeFault, Guarded, Score
-from trace_rl.core.llm import is_context_length_error
+from trace_rl.models.chat import is_context_length_error
 from trace_rl.core.trajectory import Trajectory
 
 

@@ -1,8 +1,9 @@
 """Pattern mode: the builder model picks an environment shape and binds it to the target's tools;
 code writes the whole spec.
 
-In real runs the 1.5B verified no environment in spec mode: a spec asks it for data, tools, task
-text, reference and reward at once. Here it makes only the decisions it can: which pattern (each
+A spec asks a small model for data, tools, task text, reference and reward at once (the embedded
+models verified no spec-mode env in real runs: docs/observations.md). Here it makes only the
+decisions it can: which pattern (each
 trains a family of capabilities), which of the target's tools play which part, which argument
 matters, and a few words of what the user asks. Code derives the rest from the chosen tools' own
 JSON schemas (records, value pools, the task's text, the reference solution, the reward), and
@@ -26,7 +27,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
 from trace_rl.agents.env_spec import READ_VERBS, EnvSpec, suggest_behaviour
-from trace_rl.core.llm import extract_json
+from trace_rl.core.records import Capability
+from trace_rl.models.chat import extract_json
 
 
 class PatternError(ValueError):
@@ -75,21 +77,20 @@ def _stems(text: str) -> set[str]:
     return {w[:6] for w in re.findall(r"[a-z]+", text.lower().replace("_", " ")) if len(w) > 2}
 
 
-def misfit(capability: dict, pattern: str, patterns: list[str] | None = None) -> str | None:
-    """Why `pattern` does not train this capability, by the words it is described with, or None. The
-    1.5B chose compute_then_act for precondition_verification: an env that verifies but trains
-    something else. Only a clear misfit is one (no word of its family, some of another offered
-    pattern's: `patterns`, default all)."""
-    words = _stems(f"{capability.get('name', '')} {capability.get('description', '')}")
+def misfit(capability: Capability, pattern: str, patterns: list[str] | None = None) -> str | None:
+    """Why `pattern` does not train this capability, by the words it is described with, or None: such an
+    env verifies but trains something else. Only a clear misfit is one (no word of its family, some of
+    another offered pattern's: `patterns`, default all)."""
+    words = _stems(f"{capability.name} {capability.description}")
     shared = {p: len(words & _stems(family)) for p, family in FAMILIES.items() if patterns is None or p in patterns}
     if shared.get(pattern) or not any(shared.values()):
         return None
     best = sorted((p for p in shared if shared[p]), key=lambda p: -shared[p])
-    return (f"{pattern} does not train {capability.get('name', 'this capability')}: its description reads like "
+    return (f"{pattern} does not train {capability.name or 'this capability'}: its description reads like "
             f"{' or '.join(best[:2])} ({PATTERNS[best[0]].split('. For ')[-1].rstrip('.')})")
 
 
-# plain words only: the 1.5B wrote "calculate(total_baggages * 10)" as the user's request
+# plain words only: no formula or call as the user's request
 Request = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9 ,.'-]+$", description="what the user asks for, "
                                                                                        "in a few words, e.g. 'suspend my line'")]
 Word = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,29}$")]
@@ -231,8 +232,7 @@ def pattern_models(model: type[RootModel]) -> tuple[type[BaseModel], ...]:
     return typing.get_args(ann) or (ann,)
 
 
-# what a guarded_action's condition may be on (the env makes the field up): the 1.5B named the lookup's
-# own key, customer_id, in 9 of 9 tries over 3 rounds though each refusal said "name a field like 'status'"
+# what a guarded_action's condition may be on (the env makes the field up): a field like these, never a key
 CONDITION_FIELDS = ("status", "plan", "tier", "state", "level", "category", "membership", "region")
 # a stand-in for each free field, to try a binding of the tools before the model is offered it
 _SAMPLE = {"request": "do it", "condition_field": "status", "allowed_values": ["open"], "blocked_values": ["closed"],
@@ -243,8 +243,8 @@ BOUND = ("read_tool", "write_tool", "amount_argument", "revealed_argument")  # i
 def decode_schema(tools: list[dict]) -> dict:
     """The schema the builder decodes under (llama.cpp's or xgrammar's grammar): `choice_model`'s, with
     each pattern split into one alternative per pair of tools that expands, each naming only the
-    arguments that fit it. The 1.5B sent `revealed_argument: reservation_id` (the lookup's own key)
-    three rounds running; here the grammar cannot write a binding code would refuse."""
+    arguments that fit it: the grammar cannot write a binding code would refuse (a refusal alone does not
+    stop a small model sending it again)."""
     model = choice_model(tools)
     alternatives = []
     for pattern in pattern_models(model):
@@ -283,10 +283,10 @@ def offered(schema: dict) -> list[str]:
     return list(dict.fromkeys(a["properties"]["pattern"]["const"] for a in schema["anyOf"]))
 
 
-def fitting(capability: dict, schema: dict) -> dict:
+def fitting(capability: Capability, schema: dict) -> dict:
     """`schema` offering only the patterns that can train this capability (no `misfit`), or all of them
-    when none is a clear fit. Told the misfit, the 1.5B still chose compute_then_act for telecom's
-    precondition_verification in 9 of 9 tries over 3 rounds: what code can decide, the grammar decides."""
+    when none is a clear fit: what code can decide, the grammar decides (told the misfit, a small model
+    chooses it again)."""
     names = offered(schema)
     keep = [p for p in names if not misfit(capability, p, names)]
     return {**schema, "anyOf": [a for a in schema["anyOf"] if a["properties"]["pattern"]["const"] in keep]}

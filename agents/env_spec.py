@@ -5,8 +5,9 @@ the module text that carries a spec into the sandbox.
 The builder (a small model) writes a spec, never Python; `EnvSpec.model_json_schema()` is the
 `response_format` schema (llama.cpp turns it into a grammar). The spec runs only in the sandbox,
 interpreted by sandbox/image/spec_env.py, whose docstring documents the format and whose
-`check_spec` gives the findings (`check_in_sandbox` asks a sandbox for them). The models here
-mirror spec_env's shapes; tests/test_spec_runtime.py checks that the two name the same things.
+`check_spec` gives the findings (`check_in_sandbox` asks a sandbox for them). The models here define
+the format; spec_env (stdlib only: it runs in the image) keeps the same shapes as tables, and
+tests/sandbox/test_spec_runtime.py fails on any difference between the two.
 """
 from __future__ import annotations
 

@@ -21,8 +21,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trace_rl import prompts
-from trace_rl.core.llm import StructuredOutputError
+from trace_rl.core.records import Capability
 from trace_rl.core.reward import SUCCESS_THRESHOLD
+from trace_rl.models.chat import StructuredOutputError
 from trace_rl.sandbox import contract
 from trace_rl.sandbox.session import Sandbox, SandboxError, SessionLimits, SessionPool, open_session
 
@@ -290,13 +291,13 @@ _WORD = re.compile(r"[a-z_][a-z0-9_]{3,}")
 
 def grounded(finding: str, rubric: str, material: str) -> bool:
     """A review finding names something of this environment: a word (>= 4 letters) that is in its
-    code or sample episodes and not in the review prompt. The 1.5B's only finding on a spec that
-    passed every check was the prompt's checklist copied out: that is not evidence."""
+    code or sample episodes and not in the review prompt: the prompt's checklist copied out is not
+    evidence."""
     words = set(_WORD.findall(finding.lower())) - set(_WORD.findall(rubric.lower()))
     return bool(words & set(_WORD.findall(material.lower())))
 
 
-def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
+def llm_review(llm, code: str, capability: Capability, samples: dict) -> dict:
     """The reviewer's verdict. Like an analyst's label, a finding must be grounded: one that names
     nothing in the code or the episodes is discarded, kept under `discarded` and counted; a 'fail'
     whose findings are all discarded is no evidence of a problem, and says so."""
@@ -305,7 +306,7 @@ def llm_review(llm, code: str, capability: dict, samples: dict) -> dict:
         for k, v in samples.items())
     rubric = prompts.load("verifier_review")
     msgs = [{"role": "system", "content": rubric},
-            {"role": "user", "content": f"# capability\n{capability['name']}: {capability['description']}\n\n"
+            {"role": "user", "content": f"# capability\n{capability.name}: {capability.description}\n\n"
                                         f"# environment code\n```python\n{code}\n```\n\n# sample episodes\n{episodes}"}]
     try:
         review = llm.structured(msgs, Review)
@@ -372,7 +373,7 @@ def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2) -> dict:
     return {**group_stats(groups, cfg), "groups": groups}
 
 
-def verify(code: str, target_tools: list[dict], capability: dict, cfg: VerifyConfig = VerifyConfig(),
+def verify(code: str, target_tools: list[dict], capability: Capability, cfg: VerifyConfig = VerifyConfig(),
            reviewer=None, base_policy=None) -> VerifierReport:
     """Automatic checks; then (if they pass) the LLM review; then (if given) calibration."""
     findings, samples = automatic_checks(code, target_tools, cfg)

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.core.llm import LLM, LLMConfig
+from trace_rl.models.llm import LLM, LLMConfig
 from trace_rl.evals.tau2_bench import Tau2Benchmark
-from trace_rl.training.hf_policy import HFPolicy, load_model
+from trace_rl.models.hf_policy import HFPolicy, load_model
 
 MODEL = "qwen2.5-coder-0.5b"
 

@@ -17,7 +17,7 @@ import torch
 from moe_throughput import CONFIGS, Tok, models
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trace_rl.training.fuse import fuse_projections
+from trace_rl.models.fuse import fuse_projections
 
 VIEWS = ("view", "slice", "unsqueeze", "aten.t.", "transpose", "permute", "split", "expand", "squeeze", "alias",
          "_unsafe_view", "lift_fresh", "detach", "unflatten", "flatten")
@@ -54,7 +54,7 @@ def compiled_launches(name: str, net, save: str | None = None) -> collections.Co
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
-    from trace_rl.training.engine import Engine, Request
+    from trace_rl.models.engine import Engine, Request
 
     eng = Engine(net, Tok(), rows=1, max_len=64, compile="inductor",
                  before_forward=net.route_rows if name == "moe" else None)

@@ -14,7 +14,7 @@ import torch
 from moe_throughput import Tok, models
 from torch.profiler import ProfilerActivity, profile
 
-from trace_rl.training.engine import Engine, Request
+from trace_rl.models.engine import Engine, Request
 
 
 def main():

@@ -1,4 +1,4 @@
-"""What the engine's JSON-schema grammar (training/grammar.py) costs per token, and that it holds on the
+"""What the engine's JSON-schema grammar (models/grammar.py) costs per token, and that it holds on the
 device that runs it (on CUDA: the masked decode step replayed as a CUDA graph).
 
 Random-init model of a real Qwen2.5 shape, bf16 on CUDA (fp32 on CPU), with a real Qwen tokenizer (the
@@ -40,9 +40,9 @@ def main():
     from rich.table import Table
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from trace_rl.core.llm import extract_json
-    from trace_rl.training.engine import Engine, Request
-    from trace_rl.training.grammar import Grammars
+    from trace_rl.models.chat import extract_json
+    from trace_rl.models.engine import Engine, Request
+    from trace_rl.models.grammar import Grammars
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32

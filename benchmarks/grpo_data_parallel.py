@@ -20,7 +20,7 @@ from pathlib import Path
 
 from moe_throughput import CONFIGS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the letters toy benchmark lives there
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # the letters toy benchmark lives there
 
 
 def train(args) -> None:
@@ -117,7 +117,7 @@ def main():
     if args.compare:
         return compare(args.compare)
     if args.tokenizer is None:
-        from trace_rl.core.models import hf_checkpoint
+        from trace_rl.models.weights import hf_checkpoint
 
         args.tokenizer = str(hf_checkpoint("qwen2.5-coder-0.5b"))
     args.workdir = f"{args.workdir}/p{os.environ.get('WORLD_SIZE', '1')}"

@@ -1,7 +1,7 @@
 """GRPO rollout generation, side by side on the same multi-turn schedule:
   - HF generate, cache kept: each episode's DynamicCache is kept between turns (`HFCachedBatch`
     below: what GRPO used before the engine);
-  - engine (eager / graph / inductor): training/engine.py, what GRPO uses now.
+  - engine (eager / graph / inductor): models/engine.py, what GRPO uses now.
 
 Random-init model of a real architecture (Qwen2.5 configs; no weights needed), a batch of
 episodes with a long first prompt (system prompt + tool schemas), then `--turns` turns of
@@ -125,7 +125,7 @@ def main():
     from rich.table import Table
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trace_rl.training.engine import Engine, Request
+    from trace_rl.models.engine import Engine, Request
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32

@@ -6,11 +6,10 @@ verifier); a random-init Qwen2.5 model of the chosen shape with the real Qwen to
 (`--tokenizer DIR`). Generators, alternating step by step in one process:
   before: HF `generate` with each episode's DynamicCache kept between turns (what GRPO used);
   after:  the engine (static row cache; the decode step one CUDA graph, `--mode`).
-    TRACE_RL_SANDBOX=subprocess python benchmarks/grpo_step.py --tokenizer .device/qwen-tokenizer
+    python benchmarks/grpo_step.py --tokenizer .device/qwen-tokenizer
 """
 import argparse
 import json
-import os
 import tempfile
 import time
 from importlib import resources
@@ -34,11 +33,10 @@ def main():
     ap.add_argument("--mode", default="graph", help="engine mode: graph, inductor, eager")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    os.environ.setdefault("TRACE_RL_SANDBOX", "subprocess")
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from trace_rl.evals.synthetic import SyntheticBenchmark
-    from trace_rl.training.engine import Engine
+    from trace_rl.models.engine import Engine
     from trace_rl.training.grpo import CapabilityGRPO, GRPOSettings
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -75,7 +73,7 @@ def main():
 
         timer = StepTimer()
         with tempfile.TemporaryDirectory() as out, SyntheticBenchmark(code, seeds=range(50), pool_size=args.group,
-                                                                               verified=True) as b:  # shipped
+                                                                               verified=True, backend="subprocess") as b:
             g = Bench(model, tok, b, [str(s) for s in range(50)], Path(out), settings, name=f"bench-{name}")
             g.build().add_callback(timer)
             res = g.train()

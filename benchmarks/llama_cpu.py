@@ -11,7 +11,7 @@ import time
 import llama_cpp
 from rich.console import Console
 from rich.table import Table
-from trace_rl.core.models import gguf_path
+from trace_rl.models.weights import gguf_path
 
 TEXT = "The customer's line is suspended until the overdue bill is paid; verify the account before acting. " * 800
 

@@ -1,5 +1,5 @@
 """Decoding throughput on a GPU: HF `generate` (eager, what the project used before the engine)
-vs the engine (training/engine.py: static row cache, decode step as one CUDA graph, optionally
+vs the engine (models/engine.py: static row cache, decode step as one CUDA graph, optionally
 fused by torch.compile first), for the base model, an unmerged LoRA and the 4-expert MoE.
 
 Random-init model of a real architecture (Qwen2.5 configs; no weights needed), bf16, greedy,
@@ -83,12 +83,12 @@ def main():
     ap.add_argument("--variants", default="base,lora,moe", help="base, lora (unmerged peft), moe (4 experts)")
     ap.add_argument("--rounds", type=int, default=3, help="round-robin repeats; the best time counts")
     ap.add_argument("--sum-rows", type=int, default=None,
-                    help="training.fuse.SUM_ROWS: up to how many rows a compiled thin product is a multiply-sum")
+                    help="models.fuse.SUM_ROWS: up to how many rows a compiled thin product is a multiply-sum")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from trace_rl.core.io import atomic_write_json
-    from trace_rl.training import fuse
-    from trace_rl.training.engine import Engine, Request
+    from trace_rl.models import fuse
+    from trace_rl.models.engine import Engine, Request
 
     if args.sum_rows is not None:
         fuse.SUM_ROWS = args.sum_rows

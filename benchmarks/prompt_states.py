@@ -1,4 +1,4 @@
-"""τ²-bench rollouts on llama.cpp with and without saved prompt states (core/server.PromptStates), and
+"""τ²-bench rollouts on llama.cpp with and without saved prompt states (models/llama_server.PromptStates), and
 with the solo ticket in the system prompt or after the tools (Tau2Options.ticket), side by side.
 
 A pipeline stage starts its own llama.cpp server (rollout, then evaluation; a resumed or repeated run starts
@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.core.llm import LLM
-from trace_rl.core.server import LlamaServer
+from trace_rl.models.llm import LLM
+from trace_rl.models.llama_server import LlamaServer
 from trace_rl.evals.tau2_bench import Tau2Benchmark
 
 

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from trace_rl.agents.base_agent import run_episode
-from trace_rl.core.llm import LLM
+from trace_rl.models.llm import LLM
 from trace_rl.evals.synthetic import SyntheticBenchmark
-from trace_rl.training.hf_policy import HFPolicy
+from trace_rl.models.hf_policy import HFPolicy
 
 
 def measure(policy, bench, n: int, max_steps: int, max_tokens: int) -> dict:

@@ -1,5 +1,5 @@
 """Hostile modules vs the session: how long until a flooding module's reply is cut, and how
-long `close()` takes, for the misbehaving modules in tests/envs/ (target: both <= 2 s).
+long `close()` takes, for the misbehaving modules in tests/support/envs/ (target: both <= 2 s).
     .venv/bin/python benchmarks/sandbox_robustness.py [--repeats 3]
 """
 import argparse
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from trace_rl.sandbox.session import EnvSession, SandboxError, SessionLimits
 
-ENVS = Path(__file__).resolve().parents[1] / "tests" / "envs"
+ENVS = Path(__file__).resolve().parents[1] / "tests" / "support" / "envs"
 CASES = {  # module -> what the host does
     "huge_reply": "50 MB with no newline on the protocol channel: cut at the reply cap",
     "flood_protocol": "garbage on the protocol channel from a thread, forever",

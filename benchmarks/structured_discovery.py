@@ -1,5 +1,5 @@
 """Discovery on the engine's server, three arms side by side on one run's real rollouts: no help, the
-schema prefix (training/serve.schema_prefix), and the grammar (training/grammar.py, xgrammar). Does the
+schema prefix (models/engine_server.schema_prefix), and the grammar (models/grammar.py, xgrammar). Does the
 analyst's structured call come back as valid candidates, and after how many attempts?
 
     python benchmarks/structured_discovery.py RUN_DIR [--model qwen2.5-coder-0.5b] [--attempts 5]
@@ -18,12 +18,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 from trace_rl.agents.analyst import AnalystError, discover
-from trace_rl.core.llm import LLM, LLMConfig, StructuredOutputError
-from trace_rl.core.server import free_port
+from trace_rl.models.chat import StructuredOutputError
+from trace_rl.models.llm import LLM, LLMConfig
+from trace_rl.models.endpoints import free_port
 from trace_rl.core.trajectory import TrajectoryStore
-from trace_rl.graph.rundir import load_saved_config
-from trace_rl.training import grammar, serve
-from trace_rl.training.hf_policy import HFPolicy
+from trace_rl.core.rundir import RunDir
+from trace_rl.graph.config import load_saved_config
+from trace_rl.models import engine_server as serve, grammar
+from trace_rl.models.hf_policy import HFPolicy
 
 
 ARMS = {"no prefix, no grammar": "none", "schema prefix": "prefix", "grammar (xgrammar)": "grammar"}
@@ -62,9 +64,10 @@ def main():
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--arms", nargs="+", default=list(ARMS.values()), choices=list(ARMS.values()))
     args = ap.parse_args()
-    run_cfg = load_saved_config(args.run_dir)
-    trajs = TrajectoryStore(args.run_dir / "iter_0" / "rollouts").all()
-    facts = json.loads((args.run_dir / "iter_0" / "analysis" / "facts.json").read_text())
+    run = RunDir(args.run_dir)
+    run_cfg = load_saved_config(run)
+    trajs = TrajectoryStore(run.rollouts()).all()
+    facts = json.loads(run.analysis().facts.read_text())
     policy = HFPolicy.load(args.model, rows=2, max_len=args.max_len)
     rows = {label: arm(policy, args.model, mode, trajs, run_cfg, facts, args.attempts) for label, mode in ARMS.items()
             if mode in args.arms}

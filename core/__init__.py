@@ -1,2 +1,2 @@
-"""Shared types and IO below every stage: episodes, trajectories, run records, atomic writes,
-figures, reward rules, the LLM client, embedded model files and the llama.cpp server."""
+"""Types and files below every stage: episodes, trajectories, run records, reward rules, atomic writes,
+the cache folder and figures. Imports nothing else of the project."""

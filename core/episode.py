@@ -33,7 +33,7 @@ def decode_tool_calls(tool_calls: list[dict]) -> list[tuple[str, str, dict | Non
 
 def template_messages(messages: list[dict]) -> list[dict]:
     """OpenAI messages -> what HF chat templates expect (tool-call arguments as dicts): every path
-    that renders a chat template (transformers here, llama.cpp's server in core/server.py) gives
+    that renders a chat template (transformers here, llama.cpp's server in models/llama_server.py) gives
     the model its own earlier calls as JSON objects, not as quoted strings."""
     def as_dict(fn: dict) -> dict:  # a malformed call keeps its text
         args = tool_arguments(fn["arguments"]) if isinstance(fn.get("arguments"), str) else None

@@ -1,4 +1,5 @@
-"""Writes a kill cannot leave half-done: a temp file beside the target, then one rename."""
+"""Writes a kill cannot leave half-done (a temp file beside the target, then one rename), and where
+trace-rl keeps its caches."""
 from __future__ import annotations
 
 import json
@@ -33,3 +34,11 @@ def atomic_write_json(path: str | Path, data) -> None:
     except ValueError as err:
         raise ValueError(f"{path}: refusing to write a non-finite number ({err})") from None
     atomic_write_text(path, text)
+
+
+CACHE_ENV = "TRACE_RL_CACHE"
+
+
+def cache_dir() -> Path:
+    """Root of everything trace-rl caches (models, wheels, sandbox recipes, prompt states, logs)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trace-rl").expanduser()

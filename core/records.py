@@ -14,10 +14,18 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class CapabilityRecord(Record):
-    """One discovered capability after K-of-N aggregation (and, later, the human's decision)."""
+class Capability(Record):
+    """A capability: what every stage that passes one (analyst, env-builder, verifier, training, composition,
+    evaluation) passes. JSON: {"name", "description"}."""
     name: str
-    description: str
+    description: str = ""
+
+
+TrainedOn = Capability  # the name LangGraph checkpoints of earlier runs record for an adapter's capability
+
+
+class CapabilityRecord(Capability):
+    """One discovered capability after K-of-N aggregation (and, later, the human's decision)."""
     cov_mean: float = 0.0
     cov_std: float = 0.0
     delta_mean: float = 0.0
@@ -33,12 +41,6 @@ class CapabilityRecord(Record):
     runs: list[dict] = Field(default_factory=list)  # per labelling run: cov, delta, passed, reliable
 
 
-class TrainedOn(Record):
-    """The capability an adapter really trained on (a library substitute's, when one stood in)."""
-    name: str
-    description: str = ""
-
-
 PATTERN_NOTE = "pattern-built: code expanded the model's choice"  # said wherever a pattern env is reported
 
 
@@ -50,7 +52,7 @@ class EnvRecord(Record):
     source: str = "builder"  # "builder", "library:<name>", or "pattern:<name>" (code expanded the builder's choice)
     approved: bool | None = None
     substitute: str | None = None  # set when a library environment stood in for the builder's
-    trained_on: TrainedOn | None = None
+    trained_on: Capability | None = None  # a library substitute's, when one stood in
     findings: str | None = None  # the last verifier findings
     reason: str | None = None  # why it needs a human, or why it was rejected
 
@@ -63,7 +65,7 @@ class HeldOut(Record):
 
 class AdapterRecord(Record):
     """One capability's training: held-out success before and after GRPO, the adapter."""
-    trained_on: TrainedOn
+    trained_on: Capability  # what it really trained on (a library substitute's, when one stood in)
     before: HeldOut | None = None
     after: HeldOut | None = None
     adapter: str | None = None
@@ -73,4 +75,4 @@ class AdapterRecord(Record):
     substitute: str | None = None
 
 
-RECORD_TYPES = (CapabilityRecord, TrainedOn, EnvRecord, HeldOut, AdapterRecord)
+RECORD_TYPES = (Capability, CapabilityRecord, EnvRecord, HeldOut, AdapterRecord)

@@ -11,6 +11,7 @@ import re
 from collections import Counter
 
 from trace_rl.core.episode import tool_arguments
+from trace_rl.core.records import Capability
 from trace_rl.core.trajectory import Trajectory
 from trace_rl.evals.report import wilson
 
@@ -94,9 +95,8 @@ def trajectory_facts(traj: Trajectory, tools: list[dict] | None = None) -> dict[
 
 def hollow(traj: Trajectory) -> bool:
     """An episode the user (simulator) ended before the agent did anything: at most one opening
-    message, no tool call. τ²-bench passes one when the task asks for no change: the embedded 1.5B
-    as user simulator wrote ###STOP### as its first turn in all 13 airline episodes that finished
-    in one GPU call, and 9 of them passed. Passed or failed, it shows nothing about the agent."""
+    message, no tool call. τ²-bench passes one when the task asks for no change. Passed or failed, it
+    shows nothing about the agent."""
     return traj.termination == "user_stop" and not any(m.get("tool_calls") for m in traj.messages) and \
         sum(m.get("role") == "assistant" for m in traj.messages) <= 1
 
@@ -111,8 +111,8 @@ def render_facts(facts: dict) -> str:
 
 def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: int = 2) -> str:
     """What code found across *all* trajectories, failed vs passed, with a few verbatim examples:
-    discovery reads a handful of trajectories, and a small model proposes from one long read
-    (the 0.5B named "solve_ticket"); these counts show it which failures recur and how often."""
+    discovery reads a handful of trajectories, and a small model proposes from one long read; these
+    counts show it which failures recur and how often."""
     failed = [k for k in facts if not outcome.get(k, False)]
     passed = [k for k in facts if outcome.get(k, False)]
 
@@ -135,22 +135,22 @@ def facts_summary(facts: dict[str, dict], outcome: dict[str, bool], examples: in
 METRIC_WORDS = [  # (words in a capability's name or description, the fact that measures it)
     (("precondition", "verif", "before", "check", "eligib"), "write_without_read"),
     (("schema", "format"), "invalid_arguments"),
-    # the embedded 1.5B's arguments keep to the schemas (0 of 80 telecom episodes break one) but it makes up ids
+    # arguments that keep to the schemas can still carry made-up ids: precision is measured by grounding
     (("precision", "argument", "parameter", "ground", "fabricat"), "ungrounded_arguments"),
     (("unknown", "hallucinat", "nonexistent"), "unknown_tools"),
     (("repeat", "loop", "redundant", "duplicate"), "repeated_calls"),
 ]
 
 
-def metric_for(capability: dict) -> str:
+def metric_for(capability: Capability) -> str:
     """The fact whose rate measures a capability on the target (tool errors when no word matches)."""
-    text = (capability.get("name", "") + " " + capability.get("description", "")).lower().replace("_", " ")
+    text = (capability.name + " " + capability.description).lower().replace("_", " ")
     # at a word's start: "format" is not in "information", "ground" not in "background"
     return next((fact for words, fact in METRIC_WORDS if any(re.search(rf"\b{w}", text) for w in words)),
                 "tool_errors")
 
 
-def transfer_metrics(trajs: list[Trajectory], capabilities: list[dict], tools: list[dict] | None) -> dict:
+def transfer_metrics(trajs: list[Trajectory], capabilities: list[Capability], tools: list[dict] | None) -> dict:
     """{capability: {"metric", "episodes", "with_fact", "rate", "ci95"}}: the share of episodes in
     which the failure the capability is about occurred (lower is better)."""
     facts = [trajectory_facts(t, tools) for t in trajs]
@@ -158,6 +158,6 @@ def transfer_metrics(trajs: list[Trajectory], capabilities: list[dict], tools: l
     for cap in capabilities:
         metric = metric_for(cap)
         hits = sum(bool(f[metric]) for f in facts)
-        out[cap["name"]] = {"metric": metric, "episodes": len(facts), "with_fact": hits,
+        out[cap.name] = {"metric": metric, "episodes": len(facts), "with_fact": hits,
                             "rate": hits / len(facts) if facts else 0.0, "ci95": wilson(hits, len(facts))}
     return out

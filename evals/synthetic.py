@@ -46,12 +46,12 @@ class SyntheticBenchmark(Closing, Benchmark):
     sandbox pool. Use as a context manager (it owns containers)."""
 
     def __init__(self, code: str, name: str = "synthetic", seeds: range = range(100), pool_size: int = 2,
-                 hinted: bool = False, limits=None, verified: bool = False):
+                 hinted: bool = False, limits=None, verified: bool = False, backend: str | None = None):
         """`verified`: the code passed the Docker verifier (then a machine without Docker may run it
-        in the subprocess backend)."""
+        in the subprocess backend: `backend`)."""
         self.name, self.seeds, self.hinted = name, seeds, hinted
         self.pool = SessionPool(code, size=pool_size, limits=limits or SessionLimits(),  # grows with episodes alive
-                                verified=verified)
+                                verified=verified, backend=backend)
 
     def splits(self) -> list[str]:
         return ["seeds"]

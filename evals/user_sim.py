@@ -11,7 +11,7 @@ DEFAULT_USER_MODEL = "qwen2.5-coder-0.5b"
 
 def user_config(spec=None):
     """An LLMConfig for the user simulator: given one, a model name string, or the embedded default."""
-    from trace_rl.core.llm import LLMConfig
+    from trace_rl.models.llm import LLMConfig
 
     if spec is None:
         return LLMConfig(model=DEFAULT_USER_MODEL)
@@ -20,7 +20,7 @@ def user_config(spec=None):
 
 def user_llm(spec=None):
     """trace-rl's LLM client for the user-simulator model (served locally unless base_url is set)."""
-    from trace_rl.core.llm import LLM
+    from trace_rl.models.llm import LLM
 
     return LLM(user_config(spec))
 
@@ -28,12 +28,12 @@ def user_llm(spec=None):
 def litellm_user(spec=None) -> tuple[str, dict]:
     """The user simulator as a litellm model string + args (an OpenAI-compatible endpoint); a plain
     string is taken as a litellm model name as it is."""
-    from trace_rl.core.llm import local_endpoint
+    from trace_rl.models.llm import local_endpoint
 
     if isinstance(spec, str):
         return spec, {"temperature": 0.0}
     cfg = user_config(spec)
     base, name = (cfg.base_url, cfg.model) if cfg.base_url \
-        else local_endpoint(cfg.model, cfg.n_ctx, instance="user-simulator")
+        else local_endpoint(cfg.model, cfg.n_ctx, instance="user-simulator", flash_attn=cfg.flash_attn)
     return f"openai/{name}", {"api_base": base, "api_key": cfg.api_key or os.environ.get("OPENAI_API_KEY", "sk-local"),
                               "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}

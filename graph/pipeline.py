@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, TypedDict
 
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.records import RECORD_TYPES, AdapterRecord, CapabilityRecord, EnvRecord, TrainedOn
+from trace_rl.core.records import RECORD_TYPES, AdapterRecord, Capability, CapabilityRecord, EnvRecord
 from trace_rl.core.trajectory import TrajectoryStore
-from trace_rl.graph.approvals import THREAD, auto_decision, decisions_path, pending, read_decisions, record_decision
-from trace_rl.graph.config import STAGE_FIELDS, ConfigError, RunConfig, stage_fingerprints
+from trace_rl.core.rundir import CHECKPOINT, RunDir, read_json_file
+from trace_rl.graph.approvals import THREAD, auto_decision, pending, read_decisions, record_decision
+from trace_rl.graph.config import (STAGE_FIELDS, ConfigError, RunConfig, load_saved_config, save_config,
+                                   stage_fingerprints)
 from trace_rl.graph.report import row_notes, write_run_report
-from trace_rl.graph.rundir import STAGE_OUTPUTS, check_run_dir, here, load_saved_config, read_json_file, save_config
 
 
 # ---------------------------------------------------------------- state
@@ -93,7 +94,7 @@ class Components:
 class OnFirstUse:
     """A component made when first used. Under serve=hf each role's model is an engine server started
     when made, so a run resumed on a GPU machine for training would start servers for the analyst and
-    the builder, whose models need not even be there."""
+    the builder, whose models need not even be there (and `trace-rl analyze` one for the agent)."""
 
     def __init__(self, make: Callable[[], Any]):
         self._make, self._made, self._lock = make, None, threading.Lock()
@@ -106,31 +107,35 @@ class OnFirstUse:
 
 
 def default_components(cfg: RunConfig) -> Components:
-    from trace_rl.core.llm import LLM
+    """The real components, each model reached as the config says (`served`: llama.cpp, or an engine server
+    under serve=hf), each made when first used: the pipeline's nodes and the stage commands run on these."""
     from trace_rl.evals.benchmark import load_benchmark
-    from trace_rl.training.hf_policy import load_model
-    from trace_rl.training.serve import served
+    from trace_rl.models.hf_policy import load_model
+    from trace_rl.models.llm import LLM, served
 
-    serve = lambda llm: served(llm, cfg.serve, cfg.serve_rows)  # noqa: E731
-    agent = LLM(serve(cfg.agent_llm()))
-    opts = {"max_steps": cfg.agent.max_steps, "user_llm": serve(cfg.user_model or cfg.agent_llm().model_copy(
-        update={"temperature": 0.0}))}
+    def serve(llm):
+        return served(llm.model_copy(update={"flash_attn": True}) if cfg.flash_attn else llm, cfg.serve,
+                      cfg.serve_rows, cfg.decode)
+    agent = OnFirstUse(lambda: LLM(serve(cfg.agent_llm())))
+    opts = lambda: {"max_steps": cfg.agent.max_steps, "user_llm": serve(  # noqa: E731
+        cfg.user_model or cfg.agent_llm().model_copy(update={"temperature": 0.0}))}
     # adapters are trained on the GGUF's own weights (no train_model): llama.cpp can apply them to that GGUF
     by_llama_cpp = cfg.serve == "llama.cpp" and not cfg.agent_llm().base_url and not cfg.train_model
     return Components(
-        benchmark=load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts), agent=agent,
+        benchmark=OnFirstUse(lambda: load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts())),
+        agent=agent,
         analyst=OnFirstUse(lambda: LLM(serve(cfg.analyst))), builder=OnFirstUse(lambda: LLM(serve(cfg.builder))),
         reviewer=OnFirstUse(lambda: LLM(serve(cfg.reviewer or cfg.builder))), calibration=agent if cfg.calibrate else None,
         labeller=OnFirstUse(lambda: LLM(serve(cfg.labeller))) if cfg.labeller else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model),
-        lora_agent=(lambda adapter: LLM(cfg.agent_llm().model_copy(update={
-            "lora": str(adapter) if adapter else None, "temperature": 0.0}))) if by_llama_cpp else None)
+        lora_agent=(lambda adapter: LLM(serve(cfg.agent_llm().model_copy(update={
+            "lora": str(adapter) if adapter else None, "temperature": 0.0})))) if by_llama_cpp else None)
 
 
 # ---------------------------------------------------------------- the nodes: each calls one stage function
 class Pipeline:
     def __init__(self, run_dir: str | Path, cfg: RunConfig, log: Callable[[str], None] = print):
-        self.dir, self.cfg, self.log = Path(run_dir), cfg, log
+        self.run, self.cfg, self.log = RunDir(run_dir), cfg, log
 
     @cached_property
     def comps(self) -> Components:
@@ -139,11 +144,8 @@ class Pipeline:
         module, _, fn = self.cfg.components.partition(":")
         return getattr(importlib.import_module(module), fn or "components")(self.cfg)
 
-    def it(self, s: State) -> Path:
-        return self.dir / f"iter_{s.get('iteration', 0)}"
-
     def here(self, path: str) -> str:
-        return here(path, self.dir)
+        return self.run.here(path)
 
     def cap(self, s: State) -> CapabilityRecord:
         """The capability being built."""
@@ -166,7 +168,7 @@ class Pipeline:
         bench, cfg, policy = self.comps.benchmark, self.cfg, self.comps.agent
         if s.get("iteration", 0) > 0 and s.get("composition"):
             policy = self._composition().policy("moe")
-        out = self.it(s) / "rollouts"
+        out = self.run.rollouts(s.get("iteration", 0))
         trajs = rollout(bench, policy, self._task_ids(cfg.rollout_split, cfg.rollout_tasks), TrajectoryStore(out),
                         trials=cfg.trials, concurrency=cfg.agent.concurrency, split=cfg.rollout_split,
                         passed_threshold=cfg.passed_threshold, step_timeout_s=cfg.agent.step_timeout)
@@ -179,12 +181,23 @@ class Pipeline:
     def analyse(self, s: State) -> dict:
         from trace_rl.agents.analyst import analyze
 
-        trajs = TrajectoryStore(self.it(s) / "rollouts").all()
-        caps = analyze(trajs, self.comps.analyst, self.it(s) / "analysis", self.cfg.analysis, progress=True,
-                       tools=self.comps.benchmark.spec()["tools"], labeller=self.comps.labeller)
-        out = json.loads((self.it(s) / "analysis" / "capabilities.json").read_text())
+        i = s.get("iteration", 0)
+        trajs = [t for store in self.run.rollout_stores(i) for t in TrajectoryStore(store).all()]
+        caps = analyze(trajs, self.comps.analyst, self.run.analysis(i), self.cfg.analysis, progress=True,
+                       tools=self._tools(), labeller=self.comps.labeller)
+        out = json.loads(self.run.analysis(i).capabilities.read_text())
         figures = ("trajectories", "passed", "failed", "hollow", "no_contrast", "labelling_runs")
         return {"capabilities": caps, "analysis": {k: out.get(k) for k in figures}}
+
+    def _tools(self) -> list[dict] | None:
+        """The target's tool schemas, for the facts the analyst cites (argument checks need them)."""
+        from trace_rl.evals.benchmark import BenchmarkError
+
+        try:
+            return self.comps.benchmark.spec()["tools"]
+        except BenchmarkError:  # `trace-rl analyze` of rollouts from a benchmark not installed here
+            self.log(f"{self.cfg.benchmark} is not a known benchmark: facts without schema checks")
+            return None
 
     def select(self, s: State) -> dict:
         from langgraph.types import interrupt
@@ -212,7 +225,7 @@ class Pipeline:
             elif c.name in rejected:
                 c = c.model_copy(update={"status": "REJECTED", "reason": rejected[c.name]})
             caps.append(c)
-        path = self.it(s) / "analysis" / "capabilities.json"
+        path = self.run.analysis(s.get("iteration", 0)).capabilities
         if path.is_file():  # the decisions in the analysis file too
             data = json.loads(path.read_text())
             status = {c.name: c.status for c in caps}
@@ -228,13 +241,14 @@ class Pipeline:
     # -- 3. synthesis: one builder/verifier round per visit, then approval
     def synthesise(self, s: State) -> dict:
         from trace_rl.agents.analyst import compact
-        from trace_rl.agents.env_builder import Target, builder_mode, synthesize_round
+        from trace_rl.agents.builders import Target
+        from trace_rl.agents.env_builder import builder_mode, synthesize_round
 
         cap, rnd, c = self.cap(s), s.get("rounds", 0) + 1, self.comps
-        store = TrajectoryStore(self.it(s) / "rollouts")
-        examples = [compact(store.get(k), 3000) for k in cap.example_failed_task_ids if k in store]
-        record = synthesize_round({"name": cap.name, "description": cap.description}, Target.of(c.benchmark),
-                                  c.builder, self.dir / "envs" / cap.name, rnd, examples=examples,
+        trajs = {t.key: t for p in self.run.rollout_stores(s.get("iteration", 0)) for t in TrajectoryStore(p).all()}
+        examples = [compact(trajs[k], 3000) for k in cap.example_failed_task_ids if k in trajs]
+        record = synthesize_round(cap, Target.of(c.benchmark),
+                                  c.builder, self.run.env(cap.name), rnd, examples=examples,
                                   reviewer=c.reviewer, base_policy=c.calibration, cfg=self.cfg.verify,
                                   max_rounds=self.cfg.build_rounds, library_fallback=self.cfg.library_fallback,
                                   mode=builder_mode(self.cfg.builder_mode, c.builder), log=self.log)
@@ -260,16 +274,21 @@ class Pipeline:
 
     # -- 4. training, once every environment is built: held-out before, GRPO, held-out after
     def train(self, s: State) -> dict:
-        from trace_rl.training.train import train_capability
-
-        name, cfg = self.untrained(s), self.cfg
+        name = self.untrained(s)
         env = s["envs"][name]
         cap = next((c for c in s.get("capabilities") or [] if c.name == name), None)
-        trained_on = env.trained_on or TrainedOn(name=name, description=cap.description if cap else name)
-        record = train_capability(name, self.here(env.env), self.dir / "train" / name, self.comps.load_base, cfg.grpo,
-                                  trained_on=trained_on, train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds,
-                                  substitute=env.substitute, log=self.log)
-        return {"adapters": {name: record}}
+        trained_on = env.trained_on or Capability(name=name, description=cap.description if cap else name)
+        return {"adapters": {name: self.train_env(name, self.here(env.env), trained_on, env.substitute)}}
+
+    def train_env(self, name: str, env: str, trained_on: Capability, substitute: str | None = None):
+        """One capability's training on its environment module (also `trace-rl train ENV`); None on a
+        data-parallel rank other than 0."""
+        from trace_rl.training.train import train_capability
+
+        cfg = self.cfg
+        return train_capability(name, env, self.run.train(name), self.comps.load_base, cfg.grpo, trained_on=trained_on,
+                                train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds, substitute=substitute,
+                                log=self.log, decode=cfg.decode, sandbox=cfg.sandbox)
 
     # -- 5. composition and evaluation
     def compose(self, s: State) -> dict:
@@ -277,7 +296,7 @@ class Pipeline:
 
         adapters = {k: a.model_copy(update={"adapter": self.here(a.adapter)}) if a.adapter else a
                     for k, a in (s.get("adapters") or {}).items()}
-        path, untrained = compose_trained(adapters, self.dir / "train", self.dir / "composition",
+        path, untrained = compose_trained(adapters, self.run.train, self.run.composition,
                                           self.comps.load_base, log=self.log, **self.cfg.compose.model_dump())
         return {"composition": path, "gates_untrained": untrained, "gates": gate_summary(path) if path else None}
 
@@ -291,15 +310,15 @@ class Pipeline:
         trace_steps = sum(a.steps or 0 for a in (s.get("adapters") or {}).values())
         grpo = self.cfg.grpo.model_copy(update={"steps": trace_steps or self.cfg.grpo.steps})
         record = train_on_target(self.comps.benchmark, self._task_ids(self.cfg.rollout_split, self.cfg.rollout_tasks),
-                                 self.dir / "train_target", self.comps.load_base, grpo, log=self.log)
+                                 self.run.train_target, self.comps.load_base, grpo, log=self.log, decode=self.cfg.decode)
         return {"target_adapter": record}
 
     def _composition(self):
         from trace_rl.training.compose import load
 
         model, tok = self.comps.load_base()
-        return load(model, tok, self.dir / "composition", max_new_tokens=self.cfg.agent.max_tokens,
-                    rows=self._rows(model))
+        return load(model, tok, self.run.composition, max_new_tokens=self.cfg.agent.max_tokens,
+                    rows=self._rows(model), decode=self.cfg.decode)
 
     def _rows(self, model) -> int | None:
         """On a GPU, the in-process rows decode every episode the evaluation runs at once (the
@@ -324,7 +343,7 @@ class Pipeline:
         if s.get("composition"):
             from trace_rl.training.compose import saved_modes
 
-            modes = saved_modes(self.dir / "composition")
+            modes = saved_modes(self.run.composition)
             if unknown := set(cfg.eval_modes or []) - set(modes):
                 raise ValueError(f"eval_modes: {sorted(unknown)} are not modes of this composition ({modes})")
             wanted = [m for m in modes if not cfg.eval_modes or m in cfg.eval_modes]
@@ -342,29 +361,28 @@ class Pipeline:
 
             target = target.model_copy(update={"adapter": self.here(target.adapter)})
             policies["grpo_target"] = self.comps.lora_agent(target.adapter) if self.comps.lora_agent \
-                else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows)
+                else target_policy(target, self.comps.load_base, cfg.agent.max_tokens, self._rows, cfg.decode)
         elif target is not None:
             skipped["grpo_target"] = "grpo_target = base: no GRPO step on the target had a reward signal"
         try:
             results = evaluate(self.comps.benchmark, policies, self._task_ids(cfg.eval_split, cfg.eval_tasks),
-                               self.it(s) / "eval", split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
+                               self.run.eval(s.get("iteration", 0)), split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                                skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
-                               concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout, capabilities=[
-                                   c.model_dump(include={"name", "description"}) for c in s.get("capabilities") or []
-                                   if c.status == "APPROVED"])
+                               concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout,
+                               capabilities=[c for c in s.get("capabilities") or [] if c.status == "APPROVED"])
         finally:
-            from trace_rl.core.llm import stop_lora_endpoints
+            from trace_rl.models.llm import stop_lora_endpoints
 
             stop_lora_endpoints()  # the adapter rows' llama.cpp servers: done with
         if comp is not None and "skipped" not in results.get("router", {"skipped": True}):
-            episodes = TrajectoryStore(self.it(s) / "eval" / "router").all()  # resumed ones too
+            episodes = TrajectoryStore(self.run.eval(s.get("iteration", 0)).mode("router")).all()  # resumed ones too
             results["router"]["routes"] = comp.route_counts([t.messages for t in episodes])
         return {"results": results}
 
     def report(self, s: State) -> None:
         options = ", ".join(f"{k}={v}" for k, v in sorted(self.cfg.benchmark_options.items())
                             if isinstance(v, (str, int, float, bool)))  # not a user_llm's settings
-        write_run_report(s, self.dir, self.cfg.benchmark + (f" ({options})" if options else ""))  # a moved ticket shows
+        write_run_report(s, self.run.root, self.cfg.benchmark + (f" ({options})" if options else ""))  # a moved ticket shows
 
     # -- the autonomous loop
     def loop_decision(self, s: State) -> str:
@@ -424,7 +442,7 @@ DECISION_STAGE = {"capabilities@": "analyse", "env:": "synthesise"}  # an approv
 def saved_fingerprints(run_dir: Path) -> dict:
     """Fingerprints of the config a run directory was made with ({} when unknown: all stale)."""
     try:
-        return stage_fingerprints(load_saved_config(run_dir))
+        return stage_fingerprints(load_saved_config(RunDir(run_dir)))
     except FileNotFoundError:
         return {}
 
@@ -434,10 +452,11 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     changed and every stage after it are re-run. Their outputs (and the graph checkpoint,
     whose state holds their results) move to RUN_DIR/stale/<time>/, never deleted; unchanged
     stages replay from their on-disk caches without redoing work. Returns the stale stages."""
-    path, new = run_dir / "stages.json", stage_fingerprints(cfg)
+    run = RunDir(run_dir)
+    path, new = run.stages, stage_fingerprints(cfg)
     if path.is_file():  # even without a checkpoint: outputs on disk must match the config that made them
         old = read_json_file(path, "remove it only if every stage's output may be reused")
-    elif (run_dir / "graph.sqlite").exists():
+    elif run.checkpoint.exists():
         old = saved_fingerprints(run_dir)
     else:
         atomic_write_json(path, new)
@@ -447,26 +466,26 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     if not changed:
         return []
     stale = stages[stages.index(changed[0]):]
-    saved = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
+    saved = json.loads(run.config.read_text()) if run.config.is_file() else {}
     now = cfg.model_dump(mode="json")
     fields = [f for f in STAGE_FIELDS[changed[0]] if saved.get(f) != now.get(f)]
-    archive = run_dir / "stale" / time.strftime("%Y%m%d-%H%M%S")
+    archive = run.archive()
     archive.mkdir(parents=True, exist_ok=True)
-    later = [p.name for p in run_dir.glob("iter_*") if p.name != "iter_0"]  # loop iterations build on all stages
-    moved = [p for st in stale for p in STAGE_OUTPUTS[st]] + (
-        [f"{p}/eval" for p in later] if stale == ["evaluate"] else later) + [
-        "graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm", "report.json", "report.md", "pending.json"]
-    for rel in moved:
-        src = run_dir / rel
+    later = [i for i in run.iterations() if i > 0]  # loop iterations build on all stages
+    moved = [run.root / p for st in stale for p in run.stage_outputs(st)] + (
+        [run.eval(i).root for i in later] if stale == ["evaluate"] else [run.iteration(i) for i in later]) + [
+        *(run.root / f for f in CHECKPOINT), run.report_json, run.report_md, run.pending]
+    for src in moved:
         if src.exists():
-            (archive / rel).parent.mkdir(parents=True, exist_ok=True)
-            src.rename(archive / rel)
+            dest = archive / src.relative_to(run.root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            src.rename(dest)
     decisions = read_decisions(run_dir)
     if decisions:
-        atomic_write_json(archive / "approvals.json", decisions)
+        atomic_write_json(RunDir(archive).approvals, decisions)
         keep = {k: v for k, v in decisions.items()
                 if not any(k.startswith(p) and st in stale for p, st in DECISION_STAGE.items())}
-        atomic_write_json(decisions_path(run_dir), keep)
+        atomic_write_json(run.approvals, keep)
     atomic_write_json(path, new)
     log(f"config changed ({', '.join(fields) or changed[0] + ' inputs'}): re-running {', '.join(stale)}; "
         f"their earlier outputs moved to {archive}")
@@ -485,8 +504,9 @@ def compiled(run_dir: Path, cfg: RunConfig, log=print, until: str | None = None)
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    records = [(t.__module__, t.__name__) for t in RECORD_TYPES]  # the typed records the state holds
-    saver = SqliteSaver(sqlite3.connect(str(run_dir / "graph.sqlite"), check_same_thread=False),
+    records = [(t.__module__, t.__name__) for t in RECORD_TYPES] + [("trace_rl.core.records", "TrainedOn")]  # and
+    # the name earlier runs' checkpoints gave the capability an adapter trained on
+    saver = SqliteSaver(sqlite3.connect(str(RunDir(run_dir).checkpoint), check_same_thread=False),
                         serde=JsonPlusSerializer(allowed_msgpack_modules=records))
     return Pipeline(run_dir, cfg, log).graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
 
@@ -501,8 +521,8 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     With `until`, the run stops before that node ({"status": "stopped"}): e.g. every
     environment built on the Docker machine, training left to a `resume` on a GPU machine."""
     check_until(until)
-    run_dir = Path(run_dir)
-    check_run_dir(run_dir)
+    run_dir, run = Path(run_dir), RunDir(run_dir)
+    run.check()
     run_dir.mkdir(parents=True, exist_ok=True)
     stale = retire_stale_stages(run_dir, cfg, log)
     from langgraph.types import Command
@@ -514,18 +534,18 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
         return stopped(app.get_state(THREAD))  # already stopped there: running on would pass the breakpoint
     inp: Any = None if started else {"iteration": 0, "envs": {}, "adapters": {}, "timings": {}}
     if not started or stale:
-        save_config(run_dir, cfg)  # `resume`, `approve` and `status` need only the run directory
+        save_config(run, cfg)  # `resume`, `approve` and `status` need only the run directory
     server = None
     try:
         while True:
             app.invoke(inp, THREAD)
             items = pending(app)
             if not items:
-                (run_dir / "pending.json").unlink(missing_ok=True)
+                run.pending.unlink(missing_ok=True)
                 st = app.get_state(THREAD)
                 return stopped(st) if until in st.next else {"status": "done", "state": st.values}
             item = items[0]
-            atomic_write_json(run_dir / "pending.json", item)  # for the web page and `trace-rl approve`
+            atomic_write_json(run.pending, item)  # for the web page and `trace-rl approve`
             decided = read_decisions(run_dir).get(item["id"])
             if decided is None and cfg.auto_approve:
                 decided = auto_decision(item)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.records import PATTERN_NOTE, AdapterRecord, CapabilityRecord, EnvRecord
-from trace_rl.graph.rundir import here
+from trace_rl.core.rundir import Attempt, RunDir
 
 # graph nodes whose wall time a stage row sums
 STAGE_NODES = {"synthesise": ["synthesise", "approve_env"], "analyse": ["analyse", "select"]}
@@ -39,7 +39,7 @@ def row_notes(s: dict) -> dict[str, str]:
 
 def verifier_report(env_path: str) -> dict | None:
     """The verifier's report written beside an environment module, None where there is none."""
-    path = Path(env_path).parent / "verifier_report.json"
+    path = Attempt(Path(env_path).parent).verifier_report
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -48,7 +48,7 @@ def calibration_note(env: EnvRecord, run_dir: Path | None) -> str:
     where that report is gone or unreadable."""
     if not env.env or env.substitute:  # a library env was verified where it was written: nothing to say
         return ""
-    path = here(env.env, run_dir) if run_dir is not None else env.env
+    path = RunDir(run_dir).here(env.env) if run_dir is not None else env.env
     try:
         report = verifier_report(path)
     except (OSError, ValueError):
@@ -95,7 +95,7 @@ def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
     a: AdapterRecord
     for cap, a in (s.get("adapters") or {}).items():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""
-        if a.before and a.before.success >= 1.0:  # the proof run's tool_argument_precision env: GRPO had nothing to teach
+        if a.before and a.before.success >= 1.0:  # GRPO had nothing to teach
             held += " (the base already passed every held-out seed: the env is too easy for it)"
         source = getattr((s.get("envs") or {}).get(cap), "source", "")
         rows.append({"stage": "train", "outcome": "untrained" if a.untrained else "produced",
@@ -180,6 +180,6 @@ def render_markdown(r: dict) -> str:
 
 def write_run_report(s: dict, run_dir: Path, benchmark: str) -> dict:
     report = report_data(s, run_dir, benchmark)
-    atomic_write_json(run_dir / "report.json", report)
-    atomic_write_text(run_dir / "report.md", render_markdown(report))
+    atomic_write_json(RunDir(run_dir).report_json, report)
+    atomic_write_text(RunDir(run_dir).report_md, render_markdown(report))
     return report

@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from trace_rl.core.records import CapabilityRecord, EnvRecord
+from trace_rl.core.rundir import RunDir
 from trace_rl.graph.approvals import pending_item, read_decisions, record_decision
 from trace_rl.graph.report import verifier_report
 
@@ -47,7 +48,8 @@ def render_capabilities(item: dict, run_dir: Path, token: str) -> str:
         f"<td>{c.cov_mean:.2f}</td><td>{c.delta_mean:+.2f}</td>"
         f"<td>{c.runs_passed}/{c.n_runs}</td><td>{_e(', '.join(c.example_failed_task_ids[:3]))}</td></tr>"
         for c in caps)
-    plots = sorted(Path(run_dir).glob("iter_*/analysis/cov_delta.png"))
+    run = RunDir(run_dir)
+    plots = [plot for i in run.iterations() if (plot := run.analysis(i).plot).is_file()]
     img = f"<img src='/file?path={_e(plots[-1].relative_to(run_dir))}' width=520>" if plots else ""
     return (f"<form method=post action=/decide><input type=hidden name=id value='{_e(item['id'])}'>"
             f"<input type=hidden name=token value='{_e(token)}'>"

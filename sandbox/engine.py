@@ -17,7 +17,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from trace_rl.core.models import cache_dir
+from trace_rl.core.io import cache_dir
 
 DEBIAN_SUITE = "bookworm"
 BASE_PACKAGES = "python3"

@@ -1,8 +1,8 @@
 """Long-lived sandboxed environment sessions speaking JSON lines, two backends, and a warm pool.
 
 `Sandbox` is what every stage uses (load a module, call its methods, run a snippet); get one
-with `open_session()`, which picks the backend: $TRACE_RL_SANDBOX=docker (the default) or
-subprocess, or its `backend` argument.
+with `open_session()`, which picks the backend by its `backend` argument: docker (the default) or
+subprocess (the run config's `sandbox`).
   docker      `EnvSession`: one hardened container per session (no network, read-only root,
               a non-host uid, memory/CPU/pid limits). The only backend for untrusted code.
   subprocess  `SubprocessSession`: the same runner in a plain child process, for a machine
@@ -448,10 +448,10 @@ BACKENDS = ("docker", "subprocess")
 
 
 def backend_name(backend: str | None = None) -> str:
-    """The sandbox backend: `backend`, else $TRACE_RL_SANDBOX, else docker."""
-    name = (backend or os.environ.get("TRACE_RL_SANDBOX") or "docker").strip().lower()
+    """The sandbox backend: `backend`, else docker."""
+    name = (backend or "docker").strip().lower()
     if name not in BACKENDS:
-        raise ValueError(f"sandbox backend {name!r} (TRACE_RL_SANDBOX): use one of {', '.join(BACKENDS)}")
+        raise ValueError(f"sandbox backend {name!r} (the run config's `sandbox`): use one of {', '.join(BACKENDS)}")
     return name
 
 
@@ -463,7 +463,7 @@ def open_session(limits: SessionLimits = SessionLimits(), backend: str | None = 
     if backend_name(backend) == "subprocess":
         if not verified:
             raise SandboxError("refused", "the subprocess backend runs only environments verified in Docker: build "
-                               "and verify where Docker runs (unset TRACE_RL_SANDBOX there), then train here")
+                               "and verify where Docker runs (sandbox: docker there), then train here")
         return SubprocessSession(limits)
     return EnvSession(limits, image)
 

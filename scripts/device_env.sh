@@ -17,8 +17,8 @@ done
 # trace_rl.<folder> -> this checkout's folders (what the setuptools package-dir mapping does)
 SHIM=/tmp/trace-rl-path/trace_rl
 mkdir -p "$SHIM"
-for sub in core agents graph sandbox training prompts evals; do ln -sfn "$ROOT/$sub" "$SHIM/$sub"; done
+for sub in core models agents graph sandbox training prompts evals; do ln -sfn "$ROOT/$sub" "$SHIM/$sub"; done
 export PYTHONPATH=/tmp/trace-rl-path:$ROOT/benchmarks${PYTHONPATH:+:$PYTHONPATH}
-export LITELLM_LOCAL_MODEL_COST_MAP=True TRACE_RL_SANDBOX=${TRACE_RL_SANDBOX:-subprocess}
+export LITELLM_LOCAL_MODEL_COST_MAP=True  # no Docker here: runs resume with --set sandbox=subprocess
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 set +e

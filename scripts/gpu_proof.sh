@@ -65,10 +65,11 @@ case "${1:-}" in
     # serve=llama.cpp here only so that no engine server starts: this step calls no LLM (telecom is solo)
     timeout "${3:-540}" python3 - "$RUN" "$2" <<'PY' 2>&1 | tee "$OUT/target.log"
 import sys
+from trace_rl.core.rundir import RunDir
+from trace_rl.graph.config import load_saved_config
 from trace_rl.graph.pipeline import Pipeline
-from trace_rl.graph.rundir import load_saved_config
 run, steps = sys.argv[1], int(sys.argv[2])
-cfg = load_saved_config(run)
+cfg = load_saved_config(RunDir(run))
 cfg = cfg.model_copy(update={"serve": "llama.cpp", "grpo": cfg.grpo.model_copy(update={"steps": steps})})
 print(Pipeline(run, cfg).train_target({})["target_adapter"])
 PY
@@ -80,7 +81,8 @@ PY
     rm -rf "/tmp/envgrpo-$2"   # a warm machine keeps /tmp: never resume an earlier run's checkpoints
     set -o pipefail            # the training's exit status, not tee's
     timeout "${5:-400}" python3 -m trace_rl.graph.cli train "$3" --model "$MODEL" --preset paper --set steps="$4" \
-      --set groups_per_step=2 --set learning_rate=1e-4 --heldout 16 --out "/tmp/envgrpo-$2" --name "$2" 2>&1 \
+      --set groups_per_step=2 --set learning_rate=1e-4 --heldout 16 --out "/tmp/envgrpo-$2" --name "$2" \
+      --sandbox subprocess 2>&1 \
       | tee "$OUT/envgrpo-$2.log"
     mkdir -p "$OUT/envgrpo-$2" && (cd "/tmp/envgrpo-$2" && find . -maxdepth 5 -type f \( -name '*.json' -o -name \
       '*.png' -o -name '*.jsonl' \) -size -8M -not -path '*checkpoint*' -not -name 'tokenizer*' -exec cp --parents {} "$OUT/envgrpo-$2/" \;) ;;
@@ -95,7 +97,8 @@ PY
       bash "$0" target "$2" "$(( ${3:-540} - 20 ))" >/dev/null 2>&1 &   # logs to $OUT/target.log
     else echo "target baseline: not beside the capabilities on this GPU; the next resume trains it"; fi
     # no LLM is asked while training: the agent's engine server (started with the run's components) stays small
-    timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 --no-wait \
+    timeout "${3:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set serve_rows=16 \
+      --set sandbox=subprocess --no-wait \
       --no-web --until train_target 2>&1 | tee "$OUT/phase-b.log"
     wait
     pack ;;
@@ -112,18 +115,19 @@ PY
 import json, os, sys
 from pathlib import Path
 from trace_rl.core.io import atomic_write_json
-from trace_rl.graph.config import stage_fingerprints
-from trace_rl.graph.rundir import load_saved_config
+from trace_rl.core.rundir import RunDir
+from trace_rl.graph.config import load_saved_config, stage_fingerprints
 path = Path(sys.argv[1]); cfg = json.loads(path.read_text()); cfg["eval_modes"] = sys.argv[2:]
 if os.environ.get("EVAL_TASKS"):  # fewer test tasks (the first N of the split), where device time is short
     cfg["eval_tasks"] = int(os.environ["EVAL_TASKS"])
 atomic_write_json(path, cfg)  # and the stages' fingerprints with it: only the evaluation changed, nothing is stale
 stages = json.loads((path.parent / "stages.json").read_text())
-atomic_write_json(path.parent / "stages.json", {**stages, "evaluate": stage_fingerprints(load_saved_config(path.parent))["evaluate"]})
+atomic_write_json(path.parent / "stages.json", {**stages, "evaluate": stage_fingerprints(load_saved_config(RunDir(path.parent)))["evaluate"]})
 print("eval_modes:", cfg["eval_modes"])
 PY
     fi
-    timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --no-wait --no-web 2>&1 \
+    timeout "${2:-540}" python3 -m trace_rl.graph.cli resume "$RUN" --set serve=hf --set sandbox=subprocess --no-wait \
+      --no-web 2>&1 \
       | tee "$OUT/resume.log"
     pack ;;
   *) echo "usage: $0 wheels DIR | part | model | analyse [SECONDS] | phase-a STEPS SECONDS | target STEPS [SECONDS] | keep SECONDS | phase-b STEPS SECONDS | resume SECONDS [new]" >&2; exit 2 ;;

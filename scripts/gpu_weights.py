@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def split(name: str, out: Path, mb: int) -> list[Path]:
-    from trace_rl.core.models import gguf_path
+    from trace_rl.models.weights import gguf_path
 
     src = gguf_path(name)  # assembled and sha256-checked here
     out.mkdir(parents=True, exist_ok=True)
@@ -29,7 +29,7 @@ def split(name: str, out: Path, mb: int) -> list[Path]:
 
 
 def join(parts_dir: Path, name: str) -> Path:
-    from trace_rl.core.models import get_model, models_dir, verify
+    from trace_rl.models.weights import get_model, models_dir, verify
 
     model = get_model(name)
     parts = sorted(parts_dir.glob(f"{name}.gguf.[0-9][0-9][0-9]"))

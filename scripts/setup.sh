@@ -52,7 +52,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$PIP" install -q torch==2.13.0
   "$PIP" install -q --find-links "$WHEELS" -c requirements.lock -e ".[dev]"
   "$PIP" install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-$LLAMA_VERSION-*.whl
-  # the engine's JSON-schema grammar (training/grammar.py), without triton: its CPU path needs no GPU kernels
+  # the engine's JSON-schema grammar (models/grammar.py), without triton: its CPU path needs no GPU kernels
   "$PIP" install -q --no-deps -c requirements.lock xgrammar apache-tvm-ffi
   echo "$want" > "$STAMP"
 fi

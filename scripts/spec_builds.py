@@ -11,11 +11,13 @@ import json
 import time
 from pathlib import Path
 
-from trace_rl.agents.env_builder import Target, synthesize
+from trace_rl.agents.builders import Target
+from trace_rl.agents.env_builder import synthesize
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.io import atomic_write_json, atomic_write_text
-from trace_rl.core.llm import LLM, LLMConfig
+from trace_rl.models.llm import LLM, LLMConfig
 from trace_rl.evals.benchmark import load_benchmark
+from trace_rl.core.records import Capability
 
 CAPABILITIES = [
     ("tau2:airline", "precondition_verification",
@@ -65,7 +67,7 @@ def main() -> None:
         target = Target.of(load_benchmark(bench_name))
         llm = LLM(LLMConfig(model=args.model, max_tokens=args.max_tokens, temperature=0.3))
         t0 = time.perf_counter()
-        record = synthesize({"name": name, "description": description}, target, llm, out / name,
+        record = synthesize(Capability(name=name, description=description), target, llm, out / name,
                             max_rounds=args.rounds, mode=args.mode, reviewer=None if args.no_review else llm,
                             cfg=VerifyConfig(), log=print)
         u = llm.usage

@@ -4,9 +4,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["core", "sandbox", "agents", "evals", "training", "graph", "prompts"]
+FOLDERS = ["core", "models", "sandbox", "agents", "evals", "training", "graph", "prompts"]
 # lowest first; a module may import its own layer and the ones below it
-LAYERS = ["core", "prompts", "sandbox", "agents.base_agent", "evals", "agents", "training", "graph"]
+LAYERS = ["core", "prompts", "sandbox", "models", "agents.base_agent", "evals", "agents", "training", "graph"]
 
 
 def layer(module: str) -> int:
@@ -28,7 +28,7 @@ def imports() -> dict[str, set[str]]:
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trace_rl"):
                     base = node.module.removeprefix("trace_rl").lstrip(".")
-                    for alias in node.names:  # `from trace_rl.core import models` imports core.models
+                    for alias in node.names:  # `from trace_rl.models import weights` imports models.weights
                         full = f"{base}.{alias.name}" if base else alias.name
                         deps.add(full if any(p.with_suffix("").relative_to(ROOT).parts == tuple(full.split("."))
                                              for p in ROOT.glob(full.replace(".", "/") + ".py")) else base)
@@ -66,6 +66,15 @@ def test_no_import_cycles_between_files():
 def test_the_layer_check_sees_the_imports_it_must():
     """The checker itself: lazy imports inside functions count, and the known edges are found."""
     graph = imports()
-    assert "core.llm" in graph["agents.analyst"] and "evals.rollout" in graph["training.train"]
+    assert "models.llm" in graph["agents.analyst"] and "evals.rollout" in graph["training.train"]
     assert "agents.base_agent" in graph["evals.rollout"]  # a lazy-free edge one layer down
+    assert "models.llama_server" in graph["models.llm"]  # lazy, inside a function
     assert layer("agents.base_agent") < layer("evals") < layer("agents.analyst")
+    assert layer("models") < min(layer("agents.base_agent"), layer("evals"), layer("training"))
+
+
+def test_core_imports_nothing_of_the_project_but_core():
+    """core/ is types and files: every other folder may use it, it uses none of them."""
+    bad = [f"{m} imports {d}" for m, deps in imports().items() if m.startswith("core")
+           for d in sorted(deps) if not d.startswith("core")]
+    assert not bad, "\n".join(bad)

@@ -1,1 +1,2 @@
-"""Model backends (embedded models, llama.cpp server), GRPO training and the MoE composer."""
+"""Training: GRPO of one LoRA per capability (and on the target, the baseline), the MoE's gate training
+and the composition of the adapters (router, MoE). Models are loaded and decoded by models/."""

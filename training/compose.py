@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from trace_rl import prompts
+from trace_rl.core.records import Capability
+from trace_rl.core.rundir import CompositionDir, TrainDir
 from trace_rl.core.trajectory import TrajectoryStore
-from trace_rl.training.engine import Engine
-from trace_rl.training.hf_policy import HFPolicy, assistant_labels, encode, render
+from trace_rl.models.engine import Engine
+from trace_rl.models.hf_policy import HFPolicy, assistant_labels, encode, render
 from trace_rl.training.moe import Adapter, LoRAMoE, train_gates
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -38,11 +41,10 @@ def task_text(messages: list[dict], budget: int = 1500) -> str:
 class ClassifierRouter:
     """Top-1 per conversation: the option the base model scores highest as the next letter.
 
-    Small models favour a letter whatever the task (the embedded 0.5B answers "B" to
-    everything), so the capabilities are shown in every cyclic order and each one's
+    Small models favour a letter whatever the task, so the capabilities are shown in every cyclic order and each one's
     log-probability is averaged over the positions it took (base stays option A)."""
 
-    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict]):
+    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[Capability]):
         if len(capabilities) + 1 > len(LETTERS):
             raise ValueError(f"the router handles at most {len(LETTERS) - 1} capabilities")
         self.moe, self.tok, self.caps = moe, tokenizer, capabilities
@@ -51,7 +53,7 @@ class ClassifierRouter:
     def prompt(self, messages: list[dict], order: list[int] | None = None) -> str:
         order = list(range(len(self.caps))) if order is None else order
         options = ["A) base: none of the capabilities below is needed"] + [
-            f"{LETTERS[pos + 1]}) {self.caps[i]['name']}: {self.caps[i]['description']}" for pos, i in enumerate(order)]
+            f"{LETTERS[pos + 1]}) {self.caps[i].name}: {self.caps[i].description}" for pos, i in enumerate(order)]
         text = prompts.load("router", task=task_text(messages), options="\n".join(options))
         return render(self.tok, [{"role": "user", "content": text}], add_generation_prompt=True)
 
@@ -81,8 +83,8 @@ class ClassifierRouter:
 class Composition:
     """One base model with n adapters; `policy(mode)` gives an agent policy for each mode."""
 
-    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[dict], name: str = "composed",
-                 max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384):
+    def __init__(self, moe: LoRAMoE, tokenizer, capabilities: list[Capability], name: str = "composed",
+                 max_new_tokens: int = 256, rows: int | None = None, max_len: int = 16384, decode: str = "auto"):
         self.moe, self.tok, self.caps, self.name = moe, tokenizer, capabilities, name
         self.modes = _modes(capabilities)
         self.router = ClassifierRouter(moe, tokenizer, capabilities)
@@ -91,7 +93,7 @@ class Composition:
         cuda = next(moe.parameters()).device.type == "cuda"
         # one engine for every mode: a row's tag is its slot (0 base, k adapter k, -1 the learned gates)
         self.engine = Engine(moe.model, tokenizer, rows=rows or (16 if cuda else 1), max_len=max_len,
-                             before_forward=moe.route_rows)
+                             before_forward=moe.route_rows, compile=decode)
 
     def route(self, messages: list[dict]) -> int:
         """The router's slot for this conversation, chosen once per task text."""
@@ -134,7 +136,7 @@ def gate_examples(tokenizer, conversations: list[tuple[list[dict], list[dict]]],
     return rows, too_long
 
 
-def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[dict],
+def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: list[Capability],
             conversations: list[tuple[list[dict], list[dict]]], out_dir: str | Path, epochs: int = 3,
             lr: float = 5e-4, weight_decay: float = 0.01, lb_weight: float = 1e-3, max_len: int = 16384,
             sources: dict[str, int] | None = None) -> LoRAMoE:
@@ -144,7 +146,7 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
     rows, too_long = gate_examples(tokenizer, conversations, max_len)
     losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
-    moe.save(out_dir, capabilities=capabilities, gate_training={
+    moe.save(out_dir, capabilities=[c.model_dump() for c in capabilities], gate_training={
         "examples": len(rows), "offered": len(conversations), "too_long": too_long, "max_len": max_len,
         "epochs": epochs, "lr": lr, "weight_decay": weight_decay, "lb_weight": lb_weight,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
@@ -152,13 +154,14 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     return moe
 
 
-def _modes(caps: list[dict]) -> list[str]:
-    return ["base", *[c["name"] for c in caps], "router", "moe"]
+def _modes(caps: list[Capability]) -> list[str]:
+    return ["base", *[c.name for c in caps], "router", "moe"]
 
 
-def _capabilities(path: str | Path) -> list[dict]:
-    manifest = json.loads((Path(path) / "manifest.json").read_text())
-    return manifest.get("capabilities") or [{"name": n, "description": n} for n in manifest["adapters"]]
+def _capabilities(path: str | Path) -> list[Capability]:
+    manifest = json.loads(CompositionDir(path).manifest.read_text())
+    return [Capability.model_validate(c) for c in manifest.get("capabilities") or []] or [
+        Capability(name=n, description=n) for n in manifest["adapters"]]
 
 
 def load(model, tokenizer, path: str | Path, **kw) -> Composition:
@@ -173,7 +176,7 @@ def saved_modes(path: str | Path) -> list[str]:
 
 def _gate_training(composition_dir: str | Path) -> dict:
     """The manifest's record of gate training ({} for a composition saved before there was one)."""
-    return json.loads((Path(composition_dir) / "manifest.json").read_text()).get("gate_training") or {}
+    return json.loads(CompositionDir(composition_dir).manifest.read_text()).get("gate_training") or {}
 
 
 def _untrained_because(g: dict) -> str | None:
@@ -218,9 +221,10 @@ def adapter_names(adapters: dict) -> dict[str, str]:
     return names
 
 
-def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, load_base, log=print,
+def compose_trained(adapters: dict, train: Callable[[str], TrainDir], out_dir: str | Path, load_base, log=print,
                     **gate_training) -> tuple[str | None, str | None]:
-    """The compose stage: every adapter that changed in training ({capability: AdapterRecord}),
+    """The compose stage: every adapter that changed in training ({capability: AdapterRecord}; `train(name)`: the
+    folder it was trained in),
     named and described after what it trained on, gates trained (compose()'s settings) on the
     successful GRPO and held-out episodes. Returns (composition dir, why its gates are untrained or None),
     or (None, None) when no adapter changed. Reuses a saved composition of the same adapters."""
@@ -229,8 +233,8 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
     if not trained:
         log("compose: SKIPPED: no adapter changed during training; the final table has the base model only")
         return None, None
-    out, train_dir = Path(out_dir), Path(train_dir)
-    manifest = out / "manifest.json"
+    out = Path(out_dir)
+    manifest = CompositionDir(out).manifest
     if manifest.is_file():  # reused only when made from the same adapters with the same gate settings
         saved = json.loads(manifest.read_text())
         if saved["adapters"] == list(names.values()) and all(
@@ -238,13 +242,14 @@ def compose_trained(adapters: dict, train_dir: str | Path, out_dir: str | Path, 
             return str(out), gates_untrained(out)
     convs, sources = [], {}
     for name in trained:
-        tools = json.loads((train_dir / name / "tools.json").read_text())
+        folder = train(name)
+        tools = json.loads(folder.tools.read_text())
         before = len(convs)
-        for sub in ("grpo/rollouts", "heldout_after"):
-            convs += [(t.messages, tools) for t in TrajectoryStore(train_dir / name / sub).all() if t.passed]
+        for store in (folder.grpo.rollouts(), folder.heldout("after")):
+            convs += [(t.messages, tools) for t in TrajectoryStore(store).all() if t.passed]
         sources[names[name]] = len(convs) - before
     model, tok = load_base()
-    caps = [{"name": names[n], "description": v.trained_on.description or n} for n, v in trained.items()]
+    caps = [Capability(name=names[n], description=v.trained_on.description or n) for n, v in trained.items()]
     compose(model, tok, {names[n]: v.adapter for n, v in trained.items()}, caps, convs, out, sources=sources,
             **gate_training)
     if why := gates_untrained(out):

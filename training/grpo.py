@@ -4,7 +4,7 @@ trl's GRPOTrainer does the optimisation (clipped objective, DAPO ε-high, no KL 
 default, checkpoints, TensorBoard); our `rollout_func` plays whole multi-turn tool episodes:
 
 - the episodes of a step run in lockstep, one batched turn at a time in the static-cache engine
-  (training/engine.py: caches kept between turns, the group's prompt computed once, the decode
+  (models/engine.py: caches kept between turns, the group's prompt computed once, the decode
   step one CUDA graph on a GPU), or trl's vLLM generation (`use_vllm`);
 - the model's own tokens are kept exactly as sampled; tool results and the next turn's
   header are rendered by the chat template and masked from the loss (`env_mask`);
@@ -35,11 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trace_rl.core.episode import Guarded
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.llm import Reply, parse_tool_calls
+from trace_rl.core.rundir import GRPODir
 from trace_rl.core.trajectory import Trajectory, TrajectoryStore
 from trace_rl.evals.benchmark import hinted_episode
-from trace_rl.training.engine import Engine, Request, stop_ids
-from trace_rl.training.hf_policy import encode, env_turn_ids, render
+from trace_rl.models.chat import Reply, parse_tool_calls
+from trace_rl.models.engine import Engine, Request, stop_ids
+from trace_rl.models.hf_policy import encode, env_turn_ids, render
 
 
 class GRPOSettings(BaseModel):
@@ -216,8 +217,7 @@ def _signal_only_trainer():
       momentum. Weak base models produce such batches often, and the loss is most of a step's time.
     - A step whose gradient is not finite is skipped (`skipped_nonfinite_grad`): clipping a NaN norm
       turns every gradient into NaN and one Adam step then writes NaN into every LoRA weight, after
-      which the policy only emits garbage (seen on an H100 in bf16: grad_norm nan at step 3, then
-      every completion ran to the turn limit).
+      which the policy only emits garbage.
     All processes decide together."""
     from transformers import TrainerCallback
     from trl import GRPOTrainer
@@ -269,15 +269,15 @@ class CapabilityGRPO:
     adapter/ (the result), curve.png."""
 
     def __init__(self, model, tokenizer, bench, task_ids: list[str], out_dir: str | Path,
-                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter"):
+                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter", decode: str = "auto"):
         if not task_ids:
             raise ValueError("GRPO needs at least one training task id")
         self.model, self.tok, self.bench, self.task_ids = model, tokenizer, bench, list(task_ids)
-        self.s, self.name, self.out = settings, name, Path(out_dir)
+        self.s, self.name, self.out, self.decode = settings, name, GRPODir(out_dir), decode
         self.rollout = TokenRollout(bench, tokenizer, settings)
         self.rank, self.world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         # each data-parallel process plays its own groups and keeps its own episode store
-        self.store = TrajectoryStore(self.out / "rollouts" / (f"rank{self.rank}" if self.world > 1 else ""))
+        self.store = TrajectoryStore(self.out.rollouts(self.rank if self.world > 1 else None))
         self.trainer = self.engine = None
 
     # -- generation backends
@@ -289,7 +289,7 @@ class CapabilityGRPO:
         if self.engine is None:
             rows = self.s.group_size * self.s.groups_per_step // self.world
             self.engine = Engine(trainer.accelerator.unwrap_model(trainer.model), self.tok, rows=rows,
-                                 max_len=self.s.max_seq_len + self.s.max_turn_tokens)
+                                 max_len=self.s.max_seq_len + self.s.max_turn_tokens, compile=self.decode)
         self.engine.reset()
         return lambda seqs, n: self.engine.generate([Request(s, n, self.s.temperature) for s in seqs])
 
@@ -358,7 +358,7 @@ class CapabilityGRPO:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         # the global batch (G x groups_per_step episodes) is the same for any number of processes
         return GRPOConfig(
-            output_dir=str(self.out / "checkpoints"),
+            output_dir=str(self.out.checkpoints),
             per_device_train_batch_size=s.group_size * s.groups_per_step // self.world,
             num_generations=s.group_size, gradient_accumulation_steps=1, max_steps=s.steps,
             learning_rate=s.learning_rate, lr_scheduler_type="constant", warmup_steps=0, epsilon=s.epsilon,
@@ -387,14 +387,14 @@ class CapabilityGRPO:
         self.trainer = _signal_only_trainer()(
             model=self.model, reward_funcs=[env_reward, env_success], args=self.config(), train_dataset=data,
             processing_class=self.tok, peft_config=lora, rollout_func=self.rollout_func,
-            callbacks=[TensorBoardCallback(SummaryWriter(str(self.out / "tensorboard")))])
+            callbacks=[TensorBoardCallback(SummaryWriter(str(self.out.tensorboard)))])
         return self.trainer
 
     def train(self) -> TrainResult:
         trainer = self.trainer or self.build()
-        last = last_complete_checkpoint(self.out / "checkpoints") if trainer.accelerator.is_main_process else None
+        last = last_complete_checkpoint(self.out.checkpoints) if trainer.accelerator.is_main_process else None
         trainer.accelerator.wait_for_everyone()
-        last = last or last_complete_checkpoint(self.out / "checkpoints", move_incomplete=False)
+        last = last or last_complete_checkpoint(self.out.checkpoints, move_incomplete=False)
         if last and json.loads((Path(last) / "trainer_state.json").read_text())["global_step"] >= self.s.steps:
             # killed after the last step's checkpoint: resuming there would train one step too many
             from transformers.trainer_callback import TrainerState
@@ -406,16 +406,16 @@ class CapabilityGRPO:
         # a skipped step's grad_norm is NaN (its `skipped_nonfinite_grad` says so): logged as null, since JSON has no NaN
         log = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
                for r in trainer.state.log_history if "reward" in r]
-        adapter, curve = self.out / "adapter", self.out / "curve.png"
+        adapter, curve = self.out.adapter, self.out.curve
         trainer.accelerator.wait_for_everyone()
         if trainer.accelerator.is_main_process:  # rank 0 writes the results
-            tmp = self.out / ".adapter.tmp"
+            tmp = self.out.root / ".adapter.tmp"
             trainer.save_model(str(tmp))
             if adapter.exists():
                 shutil.rmtree(adapter)
             tmp.rename(adapter)
             plot_curve(log, curve, f"GRPO: {self.name}")
-            atomic_write_json(self.out / "train_log.json", log)  # last: it marks the training finished
+            atomic_write_json(self.out.log, log)  # last: it marks the training finished
         trainer.accelerator.wait_for_everyone()  # every rank returns once the adapter is on disk
         return TrainResult(str(adapter), trainer.state.global_step, log, str(curve))
 

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trace_rl.core.io import atomic_write, atomic_write_json
-from trace_rl.training.fuse import small_matmul
+from trace_rl.core.rundir import CompositionDir
+from trace_rl.models.fuse import small_matmul
 
 BASE_BIAS = 5.0
 
@@ -157,7 +158,7 @@ class LayerGate(nn.Module):
             taken = taken | first[-1]
         route = reduce(torch.add, [j * f.long() for j, f in enumerate(first)])
         self.routing.route, self.routing.probs = route, torch.stack(probs, -1)
-        # the mask from the route, not a stack of per-slot masks: on an H100 that stack was a kernel of its own
+        # the mask from the route, not a stack of per-slot masks (that stack is a kernel of its own)
         self.routing.mask = self._mask(route, gate, hidden.dtype)
 
     def _row_bias(self, dim: int) -> torch.Tensor:
@@ -246,11 +247,10 @@ class LoRAMoE(nn.Module):
 
     def save(self, path: str | Path, **manifest) -> None:
         """One artefact: adapters + gates + manifest (with `manifest`'s extra fields)."""
-        path = Path(path)  # atomic_write makes the folder
-        atomic_write(path / "moe.pt", lambda tmp: torch.save({
+        atomic_write(CompositionDir(path).weights, lambda tmp: torch.save({
             "gates": self.gates.state_dict(),
             "adapters": [{"name": a.name, "scaling": a.scaling, "weights": a.weights} for a in self.adapters]}, tmp))
-        atomic_write_json(path / "manifest.json", {  # last: a manifest means the artefact is whole
+        atomic_write_json(CompositionDir(path).manifest, {  # last: a manifest means the artefact is whole
             "adapters": [a.name for a in self.adapters], "n_layers": len(self.gates),
             "targets": sorted(self.adapters[0].weights), "base_bias": BASE_BIAS,
             "gate_parameters": sum(p.numel() for p in self.gates.parameters()), **manifest})
@@ -258,7 +258,7 @@ class LoRAMoE(nn.Module):
     @classmethod
     def load(cls, model, path: str | Path) -> "LoRAMoE":
         # onto the model's device: a composition made on a GPU loads on a CPU machine (resume continues on either)
-        blob = torch.load(Path(path) / "moe.pt", weights_only=False, map_location=next(model.parameters()).device)
+        blob = torch.load(CompositionDir(path).weights, weights_only=False, map_location=next(model.parameters()).device)
         moe = cls(model, [Adapter(a["name"], a["weights"], a["scaling"]) for a in blob["adapters"]])
         moe.gates.load_state_dict(blob["gates"])
         return moe

@@ -82,6 +82,10 @@ PREDICATES = {"called": ({"tool": str}, {"args": dict, "only": bool}), "not_call
               "all": ({"of": list}, {}), "any": ({"of": list}, {}), "not": ({"of": dict}, {}),
               "if": ({"cond": dict, "then": dict}, {"else": dict})}
 CALL_KEYS = ({"tool": str}, {"args": dict})
+ENTITY_KEYS = ({"count": list, "fields": dict}, {})
+STEP_KEYS = (({"call": str}, {"args": dict, "when": dict}), ({"reply": str}, {"when": dict}))  # a call, a reply
+COMPONENT_KEYS = ({"name": str, "weight": float, "pred": dict}, {})
+# the same format as the builder's schema (agents/env_spec.py, pydantic): tests/sandbox/test_spec_runtime.py fails on any drift
 TRIVIAL_REPLIES = {"do_nothing": "Hello! How can I help you?",  # the verifier's trivial policies
                    "refuse": "I'm sorry, I cannot help with that request and I am unable to do it."}
 # a slot: {path}, or {{ path }} for a path from task/args/record (small models write it so); else
@@ -415,7 +419,7 @@ class _Checker:
         return ok
 
     def entity(self, where, name, ent):
-        if not self.keys(where, ent, ({"count": list, "fields": dict}, {})):
+        if not self.keys(where, ent, ENTITY_KEYS):
             return
         count, fields = ent["count"], ent["fields"]
         valid = all([self.field_spec(f"{where}.fields.{f}", s, FIELD_TYPES) for f, s in fields.items()])
@@ -610,8 +614,7 @@ class _Checker:
             self.bad("schema", "reference", f"must list 1 to {MAX_STEPS} steps")
         for i, step in enumerate(steps[:MAX_STEPS]):
             where = f"reference[{i}]"
-            shape = ({"call": str}, {"args": dict, "when": dict}) if isinstance(step, dict) and "call" in step \
-                else ({"reply": str}, {"when": dict})
+            shape = STEP_KEYS[0] if isinstance(step, dict) and "call" in step else STEP_KEYS[1]
             if not self.keys(where, step, shape):
                 continue
             if "when" in step:
@@ -633,7 +636,7 @@ class _Checker:
         names = set()
         for i, c in enumerate(components[:20]):
             where = f"reward[{i}]"
-            if not self.keys(where, c, ({"name": str, "weight": float, "pred": dict}, {})):
+            if not self.keys(where, c, COMPONENT_KEYS):
                 continue
             if c["name"] in names:
                 self.bad("schema", f"{where}.name", f"{c['name']!r} is used twice")
@@ -834,7 +837,7 @@ EXPOSED_TOOLS = 5  # an env trains with a few of the target's tools (the verifie
 
 
 def _trim_tools(spec, notes):
-    """Exposing every tool of the target (the 1.5B did) makes an env the verifier refuses: keep the
+    """Exposing every tool of the target makes an env the verifier refuses: keep the
     tools the reference, reward, task and guards use, and others up to EXPOSED_TOOLS (distractors)."""
     exposed = spec.get("tools")
     if not isinstance(exposed, dict) or len(exposed) <= EXPOSED_TOOLS:

@@ -1,0 +1,283 @@
+"""Every path of a run directory, named here once: its control files, its iterations, each stage's
+folder and the files in it that another module reads. Stage functions get their folder from here (a
+`RunDir` method, or a folder class wrapping the path they were given), so the pipeline, the CLI and
+a run moved to another machine all find the same files.
+
+    RUN/config.json stages.json graph.sqlite approvals.json pending.json report.json report.md
+    RUN/iter_<i>/rollouts/  analysis/  eval/<mode>/     one per iteration of the autonomous loop
+    RUN/envs/<capability>/attempt_<round>/  library/  result.json
+    RUN/train/<capability>/tools.json  heldout_before/  grpo/  heldout_after/  report.json
+    RUN/train_target/  composition/  stale/<time>/     (the GRPO-on-target baseline, the MoE, retired stages)
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sqlite3
+import tarfile
+import time
+from contextlib import closing
+from pathlib import Path
+
+from trace_rl.core.io import atomic_write, atomic_write_json
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used as it is; the message names the file and the fix."""
+
+
+def read_json_file(path: Path, what: str):
+    """A run directory's JSON file, or a RunDirError naming it (never a traceback, nothing written)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise RunDirError(f"{path}: not valid JSON ({str(err)[:120]}); {what}") from None
+
+
+class Folder(os.PathLike):
+    """A folder of known layout; usable wherever a path is (`Path(folder)`, `open`)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+
+class AnalysisDir(Folder):
+    """The analyst's folder: facts, candidates, labelling runs, the aggregated capabilities."""
+
+    capabilities = property(lambda self: self.root / "capabilities.json")
+    plot = property(lambda self: self.root / "cov_delta.png")
+    facts = property(lambda self: self.root / "facts.json")
+    candidates = property(lambda self: self.root / "candidates.json")
+    error = property(lambda self: self.root / "analyst_error.json")
+
+    def labels(self, run: int, evidence: bool = False) -> Path:
+        return self.root / "labels" / f"run_{run:02d}{'_evidence' if evidence else ''}.json"
+
+
+class EvalDir(Folder):
+    """The final evaluation: one trajectory store per mode (base, router, moe, an adapter), the table, its plot."""
+
+    def mode(self, name: str) -> Path:
+        return self.root / name
+
+    def modes(self) -> list[Path]:
+        return sorted(p.parent for p in self.root.glob("*/trajectories.jsonl"))
+
+    report = property(lambda self: self.root / "report.json")
+    plot = property(lambda self: self.root / "report.png")
+
+
+class Attempt(Folder):
+    """One builder round (or the library substitute): what the model wrote, what code made of it, the
+    module, and the verifier's report."""
+
+    env = property(lambda self: self.root / "env.py")
+    spec = property(lambda self: self.root / "spec.json")  # spec and pattern mode: what the module was rendered from
+    builder_spec = property(lambda self: self.root / "builder_spec.json")  # spec mode: the model's spec as written
+    builder_choice = property(lambda self: self.root / "builder_choice.json")  # pattern mode: the model's choice
+    builder_error = property(lambda self: self.root / "builder_error.json")
+    builder_reply = property(lambda self: self.root / "builder_reply.txt")
+    repairs = property(lambda self: self.root / "repairs.json")
+    verifier_report = property(lambda self: self.root / "verifier_report.json")
+    manifest = property(lambda self: self.root / "manifest.json")
+
+
+class EnvDir(Folder):
+    """One capability's synthesis: a folder per builder round, the library substitute, the outcome."""
+
+    def attempt(self, rnd: int) -> Attempt:
+        return Attempt(self.root / f"attempt_{rnd:02d}")
+
+    library = property(lambda self: Attempt(self.root / "library"))
+    result = property(lambda self: self.root / "result.json")
+
+
+class GRPODir(Folder):
+    """One GRPO training: the adapter, its log and curve, the episodes, trl's checkpoints."""
+
+    adapter = property(lambda self: self.root / "adapter")
+    log = property(lambda self: self.root / "train_log.json")
+    curve = property(lambda self: self.root / "curve.png")
+
+    def rollouts(self, rank: int | None = None) -> Path:
+        return self.root / "rollouts" / (f"rank{rank}" if rank is not None else "")
+
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    tensorboard = property(lambda self: self.root / "tensorboard")
+
+    report = property(lambda self: self.root / "report.json")  # the GRPO-on-target baseline's record
+
+    def finished(self) -> bool:
+        return (self.adapter / "adapter_config.json").is_file() and self.log.is_file()
+
+
+class TrainDir(Folder):
+    """One adapter's training (train stage): held-out episodes before and after, GRPO, the target's tools."""
+
+    tools = property(lambda self: self.root / "tools.json")
+
+    def heldout(self, when: str) -> Path:
+        return self.root / f"heldout_{when}"
+
+    grpo = property(lambda self: GRPODir(self.root / "grpo"))
+    report = property(lambda self: self.root / "report.json")
+
+
+class CompositionDir(Folder):
+    """The composed model: the adapters and gates (one file), and its manifest (written last: whole)."""
+
+    weights = property(lambda self: self.root / "moe.pt")
+    manifest = property(lambda self: self.root / "manifest.json")
+
+
+# what each stage writes (a stale stage's outputs are archived; a moved run finds them): per iteration, or per run
+ITERATION_OUTPUTS = {"rollout": "rollouts", "analyse": "analysis", "evaluate": "eval"}
+RUN_OUTPUTS = {"synthesise": ["envs"], "train": ["train", "train_target"], "compose": ["composition"]}
+CHECKPOINT = ("graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm")
+
+
+class RunDir(Folder):
+    """A run directory: every path in it comes from here."""
+
+    config = property(lambda self: self.root / "config.json")
+    stages = property(lambda self: self.root / "stages.json")  # the fingerprint of each stage's output
+    checkpoint = property(lambda self: self.root / CHECKPOINT[0])  # LangGraph's state
+    approvals = property(lambda self: self.root / "approvals.json")
+    pending = property(lambda self: self.root / "pending.json")
+    report_json = property(lambda self: self.root / "report.json")
+    report_md = property(lambda self: self.root / "report.md")
+    train_target = property(lambda self: GRPODir(self.root / "train_target"))
+    composition = property(lambda self: CompositionDir(self.root / "composition"))
+
+    def iteration(self, i: int = 0) -> Path:
+        return self.root / f"iter_{i}"
+
+    def iterations(self) -> list[int]:
+        """The loop iterations that have a folder, in order."""
+        return sorted(int(p.name[5:]) for p in self.root.glob("iter_*") if p.name[5:].isdigit())
+
+    def rollouts(self, i: int = 0) -> Path:
+        return self.iteration(i) / ITERATION_OUTPUTS["rollout"]
+
+    def analysis(self, i: int = 0) -> AnalysisDir:
+        return AnalysisDir(self.iteration(i) / ITERATION_OUTPUTS["analyse"])
+
+    def rollout_stores(self, i: int = 0) -> list[Path]:
+        """The trajectory stores the analysis of iteration `i` reads: its rollouts; in a folder that is no
+        pipeline run (`trace-rl eval --out`, analysed on its own), every store under it."""
+        if self.rollouts(i).is_dir() or not self.root.is_dir():
+            return [self.rollouts(i)]
+        return sorted(p.parent for p in self.root.rglob("trajectories.jsonl"))
+
+    def eval(self, i: int = 0) -> EvalDir:
+        return EvalDir(self.iteration(i) / ITERATION_OUTPUTS["evaluate"])
+
+    def latest(self, has) -> int:
+        """The last iteration for which `has(i)` holds (0 when none does)."""
+        return next((i for i in reversed(self.iterations()) if has(i)), 0)
+
+    def env(self, capability: str) -> EnvDir:
+        return EnvDir(self.root / RUN_OUTPUTS["synthesise"][0] / capability)
+
+    def train(self, name: str) -> TrainDir:
+        return TrainDir(self.root / RUN_OUTPUTS["train"][0] / name)
+
+    def archive(self) -> Path:
+        """A new folder for retired stage outputs (never deleted)."""
+        return self.root / "stale" / time.strftime("%Y%m%d-%H%M%S")
+
+    def stage_outputs(self, stage: str) -> list[str]:
+        """What `stage` wrote, relative to the run (the first iteration's, for a stage run per iteration)."""
+        if stage in ITERATION_OUTPUTS:
+            return [f"{self.iteration(0).name}/{ITERATION_OUTPUTS[stage]}"]
+        return list(RUN_OUTPUTS[stage])
+
+    def here(self, path: str) -> str:
+        """A path the state recorded, on this machine. A run packed on one machine and unpacked on
+        another (the CPU machine builds, the GPU machine trains) keeps its layout, so a recorded path
+        that is gone is the same stage output under this run."""
+        p = Path(path)
+        if p.exists():
+            return path
+        tops = {out for outs in RUN_OUTPUTS.values() for out in outs} | {self.iteration(0).name}
+        i = next((i for i in range(len(p.parts) - 1, -1, -1) if p.parts[i] in tops), None)
+        moved = self.root.joinpath(*p.parts[i:]) if i is not None else p
+        return str(moved) if moved.exists() else path
+
+    def check(self) -> None:
+        """Refuse, before anything is written, a run directory that is a file or holds a damaged
+        checkpoint or control file."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunDirError(f"{self.root} is a file, not a run directory; pass another --run-dir")
+        db = self.checkpoint
+        if db.exists():
+            with open(db, "rb") as f:
+                header = f.read(16)
+            if header != b"SQLite format 3\x00":
+                raise RunDirError(f"{db} is not a checkpoint database ({'empty' if not header else 'damaged'}); "
+                                  "move it away to start this run over, or restore it from a backup")
+            try:
+                with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                    check = con.execute("PRAGMA quick_check").fetchall()
+                    con.execute("SELECT count(*) FROM sqlite_master").fetchall()
+                if check != [("ok",)]:
+                    raise sqlite3.DatabaseError(str(check[:3]))
+            except sqlite3.DatabaseError as err:
+                raise RunDirError(f"{db} is damaged ({err}); move it away to start this run over") from None
+        for path, fix in ((self.config, "restore it, or start a new run directory"),
+                          (self.approvals, "fix or remove it (decisions are asked again)"),
+                          (self.pending, "remove it (the run writes it again when it waits)")):
+            if path.is_file() and not isinstance(read_json_file(path, fix), dict):
+                raise RunDirError(f"{path}: must hold a JSON object; {fix}")
+
+    # ------------------------------------------------------------ moving a run between machines
+    PACK_SKIP = ("checkpoints", "stale", "tensorboard")  # resumable state others can rebuild, or history
+
+    def pack(self, out_dir: Path, part_mb: int = 15) -> list[Path]:
+        """The run as one gzipped tar in parts of <= part_mb MiB (a transfer may limit file sizes), with
+        a manifest of their sha256. GRPO checkpoints, retired stages and TensorBoard logs stay behind:
+        a finished adapter is in the run, and an unfinished GRPO restarts from its last checkpoint only
+        where that checkpoint is."""
+        run_dir, out_dir = self.root.resolve(), Path(out_dir)  # resolved: `pack .` has a name too
+        RunDir(run_dir).check()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(run_dir, arcname=run_dir.name,
+                    filter=lambda ti: None if set(Path(ti.name).parts) & set(self.PACK_SKIP) else ti)
+        data, size = buf.getvalue(), part_mb << 20
+        parts = []
+        for i in range(0, max(1, len(data)), size):
+            part = out_dir / f"{run_dir.name}.tgz.{len(parts):02d}"
+            atomic_write(part, lambda tmp, chunk=data[i:i + size]: tmp.write_bytes(chunk))
+            parts.append(part)
+        atomic_write_json(out_dir / f"{run_dir.name}.tgz.json", {
+            "run": run_dir.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "parts": [p.name for p in parts]})
+        return parts
+
+
+def unpack(parts_dir: Path, into: Path) -> Path:
+    """The inverse of `RunDir.pack`: parts checked against their manifest, then extracted under `into`
+    (an existing run of that name is refused, not overwritten)."""
+    manifests = sorted(Path(parts_dir).glob("*.tgz.json"))
+    if len(manifests) != 1:
+        raise RunDirError(f"{parts_dir}: expected one *.tgz.json manifest from `trace-rl pack`, found {len(manifests)}")
+    m = read_json_file(manifests[0], "pack the run again")
+    data = b"".join((Path(parts_dir) / p).read_bytes() for p in m["parts"])
+    if hashlib.sha256(data).hexdigest() != m["sha256"]:
+        raise RunDirError(f"{parts_dir}: the parts do not match their manifest (incomplete transfer?); copy them again")
+    dest = Path(into) / m["run"]
+    if dest.exists():
+        raise RunDirError(f"{dest} exists; move it away or unpack into another folder")
+    Path(into).mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(into, filter="data")  # no absolute paths, links out of the tree or devices
+    return dest

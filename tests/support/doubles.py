@@ -1,0 +1,52 @@
+"""Test doubles. A scripted LLM stands in for a model only where graph or parsing
+logic is under test; real-model tests use the embedded models."""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from trace_rl.models.chat import Reply, ToolCall
+
+from trace_rl.models.llm import LLM, LLMConfig
+
+
+class ScriptedLLM(LLM):
+    """Answers from a script: a list of replies (str or Reply), or a function of the messages."""
+
+    def __init__(self, script: list | Callable[[list[dict], list | None], object], name: str = "scripted"):
+        super().__init__(LLMConfig(model=name))
+        self.script = script
+        self.requests: list[list[dict]] = []
+
+    def _complete(self, messages, tools, **kw) -> Reply:
+        self.requests.append(list(messages))
+        out = self.script(messages, tools) if callable(self.script) else self.script.pop(0)
+        if isinstance(out, Reply):
+            return out
+        if isinstance(out, ToolCall):
+            return Reply(content="", tool_calls=[out], prompt_tokens=10, completion_tokens=5)
+        return Reply(content=str(out), tool_calls=[], prompt_tokens=10, completion_tokens=5)
+
+
+def endpoint_error(status: int, message: str, code: str | None = None):
+    """The openai client's exception for an HTTP `status` answer (BadRequestError for 400, ...),
+    as `OpenAI().chat.completions.create` raises it: OpenAI-style error body, no network."""
+    from types import SimpleNamespace
+
+    import openai
+
+    cls = {400: openai.BadRequestError, 422: openai.UnprocessableEntityError}.get(
+        status, openai.InternalServerError if status >= 500 else openai.APIStatusError)
+    body = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    response = SimpleNamespace(status_code=status, request=None, headers={})  # what APIStatusError reads
+    return cls(f"Error code: {status} - {{'error': {body}}}", response=response, body=body)
+
+
+def labels_answer(items: list[dict]) -> str:
+    """A labelling answer in the analyst's shape, {trajectory: {capability: label and evidence}},
+    from flat items {"trajectory", "capability", "label", ...}."""
+    out: dict = {}
+    for item in items:
+        rest = {k: v for k, v in item.items() if k not in ("trajectory", "capability")}
+        out.setdefault(item["trajectory"], {})[item["capability"]] = rest
+    return json.dumps(out)
