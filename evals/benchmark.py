@@ -84,7 +84,8 @@ class BenchmarkError(ValueError):
 
 
 _REGISTRY: dict[str, Callable[..., Benchmark]] = {}
-BUILTIN = {"tau2": "trace_rl.evals.tau2_bench:tau2_benchmark"}  # prefix -> module:factory shipped with trace-rl
+BUILTIN = {"tau2": "trace_rl.evals.tau2_bench:tau2_benchmark",  # prefix -> module:factory shipped with trace-rl
+           "toolsandbox": "trace_rl.evals.toolsandbox:toolsandbox_benchmark"}
 ENTRY_POINTS = "trace_rl.benchmarks"
 
 
