@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import tarfile
 import threading
-import tomllib
 import zipfile
 from pathlib import Path
 from typing import Literal
@@ -139,6 +138,10 @@ def source_tree(source: str, log=lambda _msg: None) -> Path:
 
 def pins(tree: Path) -> list[str]:
     """ToolSandbox's own dependency pins, with the one the registry lacks replaced."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        raise BenchmarkError("toolsandbox: installing it needs Python 3.11+ (tomllib reads its pins)") from None
     deps = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["dependencies"]
     return [PIN_FIXES.get(d.replace(" ", ""), d) for d in deps]
 
