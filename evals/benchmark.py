@@ -96,6 +96,7 @@ _REGISTRY: dict[str, Callable[..., Benchmark]] = {}
 BUILTIN = {  # prefix -> module:factory shipped with trace-rl
     "tau2": "trace_rl.evals.tau2_bench:tau2_benchmark",
     "bfcl": "trace_rl.evals.bfcl:bfcl_benchmark",
+    "toolsandbox": "trace_rl.evals.toolsandbox:toolsandbox_benchmark",
 }
 ENTRY_POINTS = "trace_rl.benchmarks"
 

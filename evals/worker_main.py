@@ -5,7 +5,9 @@
 `Class()` has splits(), tasks(split) -> [{"id", "description"}], episode(task_id) -> an object
 with reset() -> {"system_prompt", "tools", "messages", ["done", "reason"]},
 step(content, tool_calls) -> {"messages", "done", "reason"}, score(termination) ->
-{"reward", "passed", "reasons"} and optionally close(); spec() is optional.
+{"reward", "passed", "reasons"} and optionally close(); spec() is optional. An episode's other
+public methods are reached as {"op": "call", "args": [eid, "method", ...]}, for the benchmark's own
+trace-rl side (ToolSandbox's user-simulator reply is asked on that side and sent back so).
 Requests, one JSON object per line on stdin: {"id", "op", "args"}; replies on stdout:
 {"id", "ok": true, "result"} or {"id", "ok": false, "error", "message"}. Anything the
 benchmark prints goes to stderr, so it cannot corrupt the protocol.
@@ -39,6 +41,12 @@ def host_pid():
         return os.getpid()
 
 
+def public(name):
+    if not isinstance(name, str) or name.startswith("_"):
+        raise AttributeError(f"an episode's {name!r} is not callable from trace-rl: public methods only")
+    return name
+
+
 def main():
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -60,6 +68,7 @@ def main():
         "step": lambda eid, content, tool_calls: episodes[eid].step(content, tool_calls),
         "score": lambda eid, termination: episodes[eid].score(termination),
         "close": lambda eid: getattr(episodes.pop(eid, None), "close", lambda: None)(),
+        "call": lambda eid, method, *args: getattr(episodes[eid], public(method))(*args),
         "pid": host_pid,
     }
     for line in sys.stdin:

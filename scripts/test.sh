@@ -4,7 +4,7 @@
 # Pass pytest arguments through, e.g. `scripts/test.sh -m slow` for all real-model tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --docker --browser --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m --benchmarks bfcl
+scripts/setup.sh --docker --browser --models qwen2.5-coder-0.5b qwen2.5-coder-1.5b smollm2-135m --benchmarks bfcl toolsandbox
 args=("$@"); [ ${#args[@]} -gt 0 ] || args=(-m "not slow or ci")
 set +e
 .venv/bin/python -m pytest "${args[@]}"
