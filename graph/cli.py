@@ -291,7 +291,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
 
 @app.command()
 def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed if it exists)")):
-    """The main job on the embedded default: `run --preset demo` on τ²-bench telecom (solo)."""
+    """The main job on the embedded default: `run --preset demo` (ToolSandbox's single-user-turn scenarios)."""
     from trace_rl.graph.config import load_config
 
     resume = RunDir(run_dir).checkpoint.exists()

@@ -60,8 +60,10 @@ case "${1:-}" in
   model)
     source scripts/device_env.sh /nonexistent
     t0=$(date +%s)
-    python3 scripts/gpu_weights.py join /tmp/parts "$MODEL" && rm -rf /tmp/parts || exit 1
-    cli models path "$MODEL" --hf || exit 1
+    for m in ${MODELS:-$MODEL}; do   # MODELS="a b": every model whose parts were carried
+      python3 scripts/gpu_weights.py join /tmp/parts "$m" && cli models path "$m" --hf || exit 1
+    done
+    rm -rf /tmp/parts
     echo "model ready in $(( $(date +%s) - t0 )) s" ;;
   analyse)
     source scripts/device_env.sh /nonexistent
