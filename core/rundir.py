@@ -77,6 +77,13 @@ class AnalysisDir(Folder):
     candidates = property(lambda self: self.root / "candidates.json")
     error = property(lambda self: self.root / "analyst_error.json")
 
+    def read_capabilities(self) -> dict:
+        """capabilities.json checked against its model (the records with every field, the figures as written)."""
+        from trace_rl.core.records import CapabilitiesFile
+
+        return read_control(self.capabilities, CapabilitiesFile, "move it away and run the analysis again "
+                            "(`trace-rl analyze RUN`, or `trace-rl resume RUN` after moving away the analysis)").model_dump()
+
     def labels(self, run: int, evidence: bool = False) -> Path:
         return self.root / "labels" / f"run_{run:02d}{'_evidence' if evidence else ''}.json"
 
