@@ -169,6 +169,7 @@ ITERATION_OUTPUTS = {"rollout": "rollouts", "analyse": "analysis", "evaluate": "
 RUN_OUTPUTS = {"synthesise": ["envs"], "train": ["train", "train_target"], "compose": ["composition"]}
 CHECKPOINT = ("graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm")
 LOCK = "run.lock"  # held by the one process writing a run directory (or an `eval --out` folder)
+APPROVALS_LOCK = "approvals.lock"  # held while a decision is recorded (a waiting run holds LOCK meanwhile)
 
 
 class RunDir(Folder):
@@ -184,6 +185,7 @@ class RunDir(Folder):
     train_target = property(lambda self: GRPODir(self.root / "train_target"))
     composition = property(lambda self: CompositionDir(self.root / "composition"))
     lock = property(lambda self: self.root / LOCK)
+    approvals_lock = property(lambda self: self.root / APPROVALS_LOCK)
 
     def writer(self) -> WriterLock:
         """`with run.writer():` this process is the run directory's one writer (run, resume, `eval --out`);
@@ -272,7 +274,7 @@ class RunDir(Folder):
                 raise RunDirError(f"{path}: must hold a JSON object; {fix}")
 
     # ------------------------------------------------------------ moving a run between machines
-    PACK_SKIP = ("checkpoints", "stale", "tensorboard", LOCK)  # resumable state others can rebuild, or history
+    PACK_SKIP = ("checkpoints", "stale", "tensorboard", LOCK, APPROVALS_LOCK)  # resumable state others can rebuild, or history
 
     def pack(self, out_dir: Path, part_mb: int = 15) -> list[Path]:
         """The run as one gzipped tar in parts of <= part_mb MiB (a transfer may limit file sizes), with

@@ -104,7 +104,7 @@ def record_decision(run_dir: Path, item_id: str, decision: dict) -> None:
     """The decision on `item_id`, unless one is recorded already (a second `approve`, or the page and the CLI at
     once: RunDirError). Under approvals.lock, held only while writing: a run waiting for the decision holds the
     run's own lock, and `trace-rl approve` from another terminal must still reach it."""
-    with WriterLock(RunDir(run_dir).root / "approvals.lock", f"{RunDir(run_dir).approvals}"):
+    with WriterLock(RunDir(run_dir).approvals_lock, str(RunDir(run_dir).approvals)):
         data = read_decisions(run_dir)
         if item_id in data:
             raise RunDirError(f"{item_id} is already decided ({data[item_id]}); a decision is never overwritten")

@@ -155,6 +155,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     agent = AgentSettings()
     if serve not in ("llama.cpp", "hf"):
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
+    safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
+    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
     offer = {"max_steps": max_steps or agent.max_steps}
     if user_model or user_base_url or serve == "hf":
         offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0,
@@ -163,25 +165,35 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     for tid in task_id or []:
         bench.task(tid, split)  # fail fast, naming the bad id
     ids = (task_id or [t.id for t in bench.tasks(split)])[:tasks or None]
-    safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
-    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
-    policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
-                                  temperature=temperature, deadline=request_deadline, flash_attn=flash_attn), serve,
-                        2 * concurrency, decode))
-    t0 = time.perf_counter()
-    trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
-                    passed_threshold=passed_threshold, step_timeout_s=step_timeout)
-    report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]",
-                          extra={"wall_seconds": time.perf_counter() - t0})
-    table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",
-                  title=report["title"])
-    for name, g in report["groups"].items():
-        ks = " ".join(f"{k}:{v:.2f}" for k, v in g["pass^k"].items())
-        table.add_row(name, str(g["tasks"]), str(g["episodes"]), f"{g['pass@1']:.1%}",
-                      f"{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}", ks, f"{g['mean_reward']:.2f}", f"{g['mean_steps']:.1f}",
-                      ", ".join(f"{k}={v}" for k, v in g["terminations"].items()))
-    console.print(table)
-    console.print(f"trajectories, report.json, report.png in [bold]{out_dir}[/]")
+    with RunDir(out_dir).writer():  # one `eval` per --out (checked before a model is served): a second is refused
+        policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
+                                      temperature=temperature, deadline=request_deadline, flash_attn=flash_attn), serve,
+                            2 * concurrency, decode))
+        t0, stopped = time.perf_counter(), False
+        store = TrajectoryStore(out_dir)
+        try:
+            trajs = rollout(bench, policy, ids, store, trials=trials, concurrency=concurrency, split=split,
+                            passed_threshold=passed_threshold, step_timeout_s=step_timeout)
+        except KeyboardInterrupt:  # stopped: the report covers the episodes that finished
+            keys = {f"{bench.name}/{tid}/{k}" for tid in ids for k in range(trials)}
+            trajs, stopped = [t for t in store.all() if t.key in keys], True
+        extra = {"wall_seconds": time.perf_counter() - t0}
+        if stopped:
+            extra["stopped"] = f"interrupted after {len(trajs)} of {len(keys)} episodes; run it again to finish"
+        report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]", extra=extra)
+        if stopped:
+            console.print(f"stopped: report.json in {out_dir} covers the {len(trajs)} of {len(keys)} episodes that "
+                          "finished; the same command finishes the rest")
+            raise typer.Exit(130)
+        table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",
+                      title=report["title"])
+        for name, g in report["groups"].items():
+            ks = " ".join(f"{k}:{v:.2f}" for k, v in g["pass^k"].items())
+            table.add_row(name, str(g["tasks"]), str(g["episodes"]), f"{g['pass@1']:.1%}",
+                          f"{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}", ks, f"{g['mean_reward']:.2f}", f"{g['mean_steps']:.1f}",
+                          ", ".join(f"{k}={v}" for k, v in g["terminations"].items()))
+        console.print(table)
+        console.print(f"trajectories, report.json, report.png in [bold]{out_dir}[/]")
 
 
 # ---------------------------------------------------------------- the pipeline
