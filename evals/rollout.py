@@ -33,7 +33,12 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
         task = bar.add_task(benchmark.name, total=len(jobs), completed=len(jobs) - len(todo),
                             passed=sum(store.get(f"{benchmark.name}/{t}/{k}").passed
                                        for t, k in jobs if f"{benchmark.name}/{t}/{k}" in store))
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+        try:
             for fut in as_completed([pool.submit(one, tid, k) for tid, k in todo]):
                 bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(fut.result().passed))
+        except KeyboardInterrupt:  # stopped: start nothing more, do not wait for the episodes in flight
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     return [store.get(f"{benchmark.name}/{tid}/{k}") for tid, k in jobs]

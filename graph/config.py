@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from trace_rl.agents.analyst import AnalysisConfig
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.io import atomic_write_json
-from trace_rl.core.rundir import RunDir, RunDirError, read_json_file
+from trace_rl.core.rundir import RunDir, RunDirError, read_control
 from trace_rl.models.llm import LLMConfig
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
 
@@ -364,14 +364,16 @@ def save_config(run: RunDir, cfg: RunConfig) -> None:
     atomic_write_json(run.config, cfg.model_dump())
 
 
-def load_saved_config(run: RunDir) -> RunConfig:
-    """The config a run directory was made with; errors name the file and the fix."""
-    p = run.config
+def load_saved_config(run: RunDir, checked: bool = False) -> RunConfig:
+    """The config a run directory was made with; errors name the file, the field and the fix. `checked`: also
+    what `trace-rl run` checks beyond the fields (the benchmark is known, its splits exist), before a resume."""
+    p, fix = run.config, "restore it, or start a new run directory"
     if not p.is_file():
         raise FileNotFoundError(f"{run.root} is not a trace-rl run directory (no config.json); start one with `trace-rl run`")
-    try:
-        return RunConfig.model_validate(read_json_file(p, "restore it, or start a new run directory"))
-    except ValidationError as err:
-        raise RunDirError(f"{p}: not a valid run configuration ({err.error_count()} problem(s), first: "
-                          f"{'.'.join(map(str, err.errors()[0]['loc']))}: {err.errors()[0]['msg']}); "
-                          "restore it, or start a new run directory") from None
+    cfg = read_control(p, RunConfig, fix)
+    if checked:
+        try:
+            load_config(overrides=cfg.model_dump())
+        except ConfigError as err:
+            raise RunDirError(f"{p}: {' '.join(str(err).split())}; {fix}") from None
+    return cfg
