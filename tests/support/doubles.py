@@ -3,29 +3,8 @@ logic is under test; real-model tests use the embedded models."""
 from __future__ import annotations
 
 import json
-from typing import Callable
 
-from trace_rl.models.chat import Reply, ToolCall
-
-from trace_rl.models.llm import LLM, LLMConfig
-
-
-class ScriptedLLM(LLM):
-    """Answers from a script: a list of replies (str or Reply), or a function of the messages."""
-
-    def __init__(self, script: list | Callable[[list[dict], list | None], object], name: str = "scripted"):
-        super().__init__(LLMConfig(model=name))
-        self.script = script
-        self.requests: list[list[dict]] = []
-
-    def _complete(self, messages, tools, **kw) -> Reply:
-        self.requests.append(list(messages))
-        out = self.script(messages, tools) if callable(self.script) else self.script.pop(0)
-        if isinstance(out, Reply):
-            return out
-        if isinstance(out, ToolCall):
-            return Reply(content="", tool_calls=[out], prompt_tokens=10, completion_tokens=5)
-        return Reply(content=str(out), tool_calls=[], prompt_tokens=10, completion_tokens=5)
+from trace_rl.models.scripted import ScriptedLLM  # noqa: F401  (the public helper: tests import it from here too)
 
 
 def endpoint_error(status: int, message: str, code: str | None = None):
