@@ -77,13 +77,16 @@ class SettingsMismatch(ValueError):
     """A store holds episodes made under other settings than the ones asked for."""
 
 
-def settings_change(stored: dict, wanted: dict) -> str | None:
-    """The first setting on which a stored episode and a new run differ, as `name: X there, Y now`
-    (None when they agree)."""
+def settings_change(stored: dict, wanted: dict, prefix: str = "") -> str | None:
+    """The first setting on which a stored episode and a new run differ, as `name: X there, Y now` (a nested
+    one by its dotted name); None when they agree."""
     shown = lambda d, key: json.dumps(d[key], default=str)[:80] if key in d else "unrecorded"  # noqa: E731
     for key in sorted(set(stored) | set(wanted)):
-        if key not in stored or key not in wanted or stored[key] != wanted[key]:
-            return f"{key}: {shown(stored, key)} there, {shown(wanted, key)} now"
+        old, new = stored.get(key), wanted.get(key)
+        if isinstance(old, dict) and isinstance(new, dict) and old != new:
+            return settings_change(old, new, f"{prefix}{key}.")
+        if key not in stored or key not in wanted or old != new:
+            return f"{prefix}{key}: {shown(stored, key)} there, {shown(wanted, key)} now"
     return None
 
 

@@ -173,7 +173,7 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     settings = episode_settings(bench, benchmark, llm, max_steps=max_steps, options=options, user=user,
                                 passed_threshold=passed_threshold)
     safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
-    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}-"
+    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).name.removesuffix('.gguf'))}-"
                           f"{fingerprint(settings)[:8]}")
     if fresh and out_dir.exists():
         aside = out_dir.with_name(f"{out_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -505,7 +505,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     trajs = {t.key: t for t in rollout_trajectories(run)}
     examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
     cfg = _stage_config(run, {
-        "benchmark": benchmark or (None if run.config.is_file() else examples[0].benchmark if examples else None),
+        "benchmark": benchmark or (None if run.config.is_file() else _benchmark_of(examples[0]) if examples else None),
         "benchmark_options": _overrides(bench_opt, "--bench-opt") or None, "serve": serve, "builder_mode": mode,
         "builder": {"model": builder, "base_url": builder_url, "max_tokens": max_tokens}, "build_rounds": rounds,
         "verify": _overrides(set_) or None, **({"calibrate": True, "base_model": calibrate} if calibrate else
@@ -545,6 +545,11 @@ def sample_turns(traj, n: int = 4) -> str:
     return "\n".join(lines)
 
 
+def _benchmark_of(traj) -> str:
+    """The benchmark an episode was played on, as `--benchmark` named it (its settings), else its name."""
+    return traj.settings.get("benchmark") or traj.benchmark
+
+
 def _rollout_iteration(run: RunDir) -> int:
     return run.latest(lambda i: run.rollouts(i).is_dir())
 
@@ -576,7 +581,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
     trajs = rollout_trajectories(run)
     if not trajs:
         _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run.rollouts()}` first")
-    cfg = _stage_config(run, {"benchmark": None if run.config.is_file() else trajs[0].benchmark, "serve": serve,
+    cfg = _stage_config(run, {"benchmark": None if run.config.is_file() else _benchmark_of(trajs[0]), "serve": serve,
                               "analyst": {"model": model, "base_url": base_url, "max_tokens": max_tokens},
                               "analysis": _overrides(set_) or None})
     pipe = Pipeline(run.root, cfg, log=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
