@@ -2,13 +2,11 @@
 model, temperature, step limit or benchmark option is a one-line error naming it (or a new default folder),
 `--fresh` starts over, identical settings reuse every episode. Played on docs/benchmarks.md's own example."""
 import glob
-import io
 import json
-import sys
 
 import pytest
 
-from doubles import ScriptedLLM
+from doubles import ScriptedLLM, cli_main as cli
 from test_benchmark_example import block, city_policy
 
 import trace_rl.models.llm
@@ -30,22 +28,6 @@ def city(tmp_path, monkeypatch):
         return ScriptedLLM(policy, name=config.model)
     monkeypatch.setattr(trace_rl.models.llm, "LLM", scripted)
     return calls
-
-
-def cli(*args) -> tuple[int, str]:
-    """`trace-rl ARGS` in this process, as the console script runs it: (exit code, what it printed)."""
-    from trace_rl.graph import cli as cli_module
-
-    real, cli_module.console.file = cli_module.console.file, io.StringIO()
-    sys.argv = ["trace-rl", *args]
-    try:
-        cli_module.main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    finally:
-        out, cli_module.console.file = cli_module.console.file.getvalue(), real
-    return code, out
 
 
 EVAL = ["eval", "--benchmark", "city.py:CityBench", "--split", "test", "--out", "r"]

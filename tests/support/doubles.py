@@ -29,3 +29,23 @@ def labels_answer(items: list[dict]) -> str:
         rest = {k: v for k, v in item.items() if k not in ("trajectory", "capability")}
         out.setdefault(item["trajectory"], {})[item["capability"]] = rest
     return json.dumps(out)
+
+
+def cli_main(*args) -> tuple[int, str]:
+    """`trace-rl ARGS` in this process, as the console script runs it (monkeypatched models apply):
+    (exit code, what it printed)."""
+    import io
+    import sys
+
+    from trace_rl.graph import cli
+
+    real, cli.console.file = cli.console.file, io.StringIO()
+    sys.argv = ["trace-rl", *args]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    finally:
+        out, cli.console.file = cli.console.file.getvalue(), real
+    return code, out
