@@ -443,7 +443,8 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
 
-        offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
+        offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0),
+                 "max_steps": settings.max_steps}  # one limit: a benchmark that plays steps itself gets it too
         bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
         ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
         rec = train_on_target(bench, ids, RunDir(out).train_target, lambda: load_model(model), settings,

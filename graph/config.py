@@ -171,6 +171,8 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
             data[section].pop("flash_attn", None)
     if not data["flash_attn"]:
         del data["flash_attn"]
+    if data["agent"]["max_steps"] is None:  # unset (each benchmark's own) is what the default 30 did before it
+        data["agent"]["max_steps"] = 30     # could be unset (offered to tau2 alone, whose own is 30): same fingerprint
     if data["grpo"]["max_steps"] is not None:  # named max_turns before: runs made before keep their fingerprints
         data["grpo"]["max_turns"] = data["grpo"].pop("max_steps")
     if data["compose"]["max_len"] == ComposeSettings.model_fields["max_len"].default:  # added later: runs made before keep theirs

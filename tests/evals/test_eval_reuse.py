@@ -86,3 +86,23 @@ def test_episodes_made_before_settings_were_recorded_are_not_reused(city):
 def test_the_eval_table_keeps_its_columns_in_a_log(city):
     code, text = cli(*EVAL)
     assert code == 0 and "terminations" in text and "agent_stop=3" in text and "…" not in text
+
+
+def test_the_pipeline_plays_a_mismatched_episode_again_and_replaces_it(tmp_path):
+    """`rollout(strict=False)` (the pipeline's rollout stage, resumed with other weights or benchmark code): the
+    episodes made under other settings are played again and the store reads the new ones."""
+    from trace_rl.core.trajectory import TrajectoryStore
+    from trace_rl.evals.benchmark import load_benchmark
+    from trace_rl.evals.rollout import episode_settings, rollout
+    from trace_rl.models.llm import LLMConfig
+
+    (tmp_path / "city.py").write_text(block("# city.py"))
+    bench = load_benchmark(f"{tmp_path / 'city.py'}:CityBench")
+    ids, agent = [t.id for t in bench.tasks("test")], ScriptedLLM(city_policy)
+    old = episode_settings(bench, "city", LLMConfig(model="qwen2.5-coder-0.5b"), max_steps=None)
+    new = episode_settings(bench, "city", LLMConfig(model="qwen2.5-coder-1.5b"), max_steps=None)
+    assert old != new and old["agent"]["model_sha256"] != new["agent"]["model_sha256"]
+    rollout(bench, agent, ids[:2], TrajectoryStore(tmp_path / "r"), settings=old, progress=False)
+    trajs = rollout(bench, agent, ids, TrajectoryStore(tmp_path / "r"), settings=new, strict=False, progress=False)
+    assert [t.settings for t in trajs] == [new] * 3 and len(agent.requests) == 2 * 2 + 3 * 2
+    assert [t.settings for t in TrajectoryStore(tmp_path / "r").all()] == [new] * 3
