@@ -98,3 +98,12 @@ def test_the_contract_errors_are_one_line(tmp_path, monkeypatch, plugin, args, s
     name = plugin.split("(")[0].split()[-1]
     code, text = cli_main("eval", "--benchmark", f"city.py:{name}", *args)
     assert code == 2 and text.strip() == f"error: {says}", text
+
+
+def test_the_docs_plugin_test_with_a_scripted_gold_agent_passes(tmp_path, monkeypatch):
+    (tmp_path / "city.py").write_text(block("# city.py"))
+    monkeypatch.chdir(tmp_path)
+    first = "from trace_rl.core.trajectory import TrajectoryStore"
+    scope: dict = {}
+    exec(first + "\n" + block(first), scope)  # block() leaves its first line out
+    scope["test_gold_agent_passes_every_task"](tmp_path / "store")
