@@ -49,3 +49,53 @@ CACHE_ENV = "TRACE_RL_CACHE"
 def cache_dir() -> Path:
     """Root of everything trace-rl caches (models, wheels, sandbox recipes, prompt states, logs)."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trace-rl").expanduser()
+
+
+class Busy(RuntimeError):
+    """Another live process holds the lock; the message names it."""
+
+
+class WriterLock:
+    """One writer per folder: an advisory `fcntl.flock` on `path` (a file that stays; it holds the holder's pid and
+    start time). A second writer is refused at once with a `Busy` naming the holder; the kernel drops the lock of
+    a process that died, so a later writer takes it over. Re-entrant within a process (the same path may be taken
+    again by the holder, e.g. a pipeline stage writing a store under the run's lock)."""
+
+    _held: dict[str, list] = {}  # realpath -> [fd, count]: flock is per open file, so one fd per process
+    _mutex = threading.Lock()
+
+    def __init__(self, path: str | Path, what: str):
+        self.path, self.what = Path(path), what
+
+    def __enter__(self) -> "WriterLock":
+        import fcntl
+        import time
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        key = os.path.realpath(self.path)
+        with self._mutex:
+            if key in self._held:
+                self._held[key][1] += 1
+                return self
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+                os.close(fd)
+                pid, since = (holder + ["?", "?"])[:2] if holder else ("?", "?")
+                raise Busy(f"{self.what} is in use by pid {pid} (started {since.replace('T', ' ')}); wait for it "
+                           f"to end or stop it; a lock left by a dead process is taken over ({self.path})") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
+            self._held[key] = [fd, 1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        key = os.path.realpath(self.path)
+        with self._mutex:
+            entry = self._held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._held[key]
+                os.close(entry[0])  # closing the only fd releases the flock

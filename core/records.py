@@ -41,6 +41,12 @@ class CapabilityRecord(Capability):
     runs: list[dict] = Field(default_factory=list)  # per labelling run: cov, delta, passed, reliable
 
 
+class CapabilitiesFile(BaseModel):
+    """An analysis's capabilities.json (agents/analyst.py writes it): the capabilities and the figures beside them."""
+    model_config = ConfigDict(extra="allow")
+    capabilities: list[CapabilityRecord]
+
+
 PATTERN_NOTE = "pattern-built: code expanded the model's choice"  # said wherever a pattern env is reported
 
 

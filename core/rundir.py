@@ -15,13 +15,17 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import sqlite3
 import tarfile
 import time
-from contextlib import closing
-from pathlib import Path
+import zlib
+from contextlib import closing, suppress
+from pathlib import Path, PurePosixPath
 
-from trace_rl.core.io import atomic_write, atomic_write_json
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from trace_rl.core.io import WriterLock, atomic_write, atomic_write_json
 
 
 class RunDirError(ValueError):
@@ -34,6 +38,21 @@ def read_json_file(path: Path, what: str):
         return json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise RunDirError(f"{path}: not valid JSON ({str(err)[:120]}); {what}") from None
+
+
+def read_control(path: Path, shape, fix: str):
+    """A control file of a run directory (config.json, approvals.json, pending.json, stages.json,
+    capabilities.json, a pack manifest) read through its pydantic model `shape` (a model or a type such as
+    dict[str, Model]); anything else is one RunDirError naming the file, the field and `fix`."""
+    data = read_json_file(path, fix)
+    try:
+        return TypeAdapter(shape).validate_python(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = ".".join(map(str, e["loc"])) or "(top level)"
+        more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        got = json.dumps(e.get("input"), default=str)[:60]
+        raise RunDirError(f"{path}: field {field}: {e['msg']} (got {got}){more}; {fix}") from None
 
 
 class Folder(os.PathLike):
@@ -57,6 +76,13 @@ class AnalysisDir(Folder):
     facts = property(lambda self: self.root / "facts.json")
     candidates = property(lambda self: self.root / "candidates.json")
     error = property(lambda self: self.root / "analyst_error.json")
+
+    def read_capabilities(self) -> dict:
+        """capabilities.json checked against its model (the records with every field, the figures as written)."""
+        from trace_rl.core.records import CapabilitiesFile
+
+        return read_control(self.capabilities, CapabilitiesFile, "move it away and run the analysis again "
+                            "(`trace-rl analyze RUN`, or `trace-rl resume RUN` after moving away the analysis)").model_dump()
 
     def labels(self, run: int, evidence: bool = False) -> Path:
         return self.root / "labels" / f"run_{run:02d}{'_evidence' if evidence else ''}.json"
@@ -142,6 +168,8 @@ class CompositionDir(Folder):
 ITERATION_OUTPUTS = {"rollout": "rollouts", "analyse": "analysis", "evaluate": "eval"}
 RUN_OUTPUTS = {"synthesise": ["envs"], "train": ["train", "train_target"], "compose": ["composition"]}
 CHECKPOINT = ("graph.sqlite", "graph.sqlite-wal", "graph.sqlite-shm")
+LOCK = "run.lock"  # held by the one process writing a run directory (or an `eval --out` folder)
+APPROVALS_LOCK = "approvals.lock"  # held while a decision is recorded (a waiting run holds LOCK meanwhile)
 
 
 class RunDir(Folder):
@@ -156,6 +184,13 @@ class RunDir(Folder):
     report_md = property(lambda self: self.root / "report.md")
     train_target = property(lambda self: GRPODir(self.root / "train_target"))
     composition = property(lambda self: CompositionDir(self.root / "composition"))
+    lock = property(lambda self: self.root / LOCK)
+    approvals_lock = property(lambda self: self.root / APPROVALS_LOCK)
+
+    def writer(self) -> WriterLock:
+        """`with run.writer():` this process is the run directory's one writer (run, resume, `eval --out`);
+        another live one is refused with a one-line `Busy` naming its pid and start time."""
+        return WriterLock(self.lock, str(self.root))
 
     def iteration(self, i: int = 0) -> Path:
         return self.root / f"iter_{i}"
@@ -239,7 +274,7 @@ class RunDir(Folder):
                 raise RunDirError(f"{path}: must hold a JSON object; {fix}")
 
     # ------------------------------------------------------------ moving a run between machines
-    PACK_SKIP = ("checkpoints", "stale", "tensorboard")  # resumable state others can rebuild, or history
+    PACK_SKIP = ("checkpoints", "stale", "tensorboard", LOCK, APPROVALS_LOCK)  # resumable state others can rebuild, or history
 
     def pack(self, out_dir: Path, part_mb: int = 15) -> list[Path]:
         """The run as one gzipped tar in parts of <= part_mb MiB (a transfer may limit file sizes), with
@@ -264,20 +299,99 @@ class RunDir(Folder):
         return parts
 
 
+def plain_name(name: str) -> str:
+    """One path component: no separator, not '.' or '..', not empty."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\x00"):
+        raise ValueError(f"must be a plain file name, got {name!r}")
+    return name
+
+
+class PackManifest(BaseModel):
+    """RUN.tgz.json, written by `RunDir.pack`."""
+    model_config = ConfigDict(extra="forbid")
+    run: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parts: list[str] = Field(min_length=1)
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, run: str) -> str:
+        return plain_name(run)
+
+    @field_validator("parts")
+    @classmethod
+    def _parts(cls, parts: list[str]) -> list[str]:
+        return [plain_name(p) for p in parts]
+
+
+def _checked_members(tar: tarfile.TarFile, run: str, where: Path) -> tuple[list[tarfile.TarInfo], int]:
+    """Every member of a packed run, refused (one line naming it and why) unless it is a plain file or
+    folder under the one root `run`; with the bytes they unpack to."""
+    members, size = tar.getmembers(), 0
+    for m in members:
+        parts = PurePosixPath(m.name).parts
+        why = ("an absolute path" if m.name.startswith("/") else
+               "a '..' component" if ".." in parts else
+               f"outside the run's root {run!r}" if not parts or parts[0] != run else
+               "a link" if m.issym() or m.islnk() else
+               "a device" if m.ischr() or m.isblk() else
+               "a fifo" if m.isfifo() else
+               "a sparse file" if m.issparse() else
+               "not a plain file or folder" if not (m.isreg() or m.isdir()) else None)
+        if why:
+            raise RunDirError(f"{where}: member {m.name!r} is {why}; refused, nothing was written")
+        size += m.size
+    return members, size
+
+
 def unpack(parts_dir: Path, into: Path) -> Path:
-    """The inverse of `RunDir.pack`: parts checked against their manifest, then extracted under `into`
-    (an existing run of that name is refused, not overwritten)."""
-    manifests = sorted(Path(parts_dir).glob("*.tgz.json"))
+    """The inverse of `RunDir.pack`. The archive is untrusted: its manifest is validated, its parts checked
+    against their sha256, every member checked (one root named as the manifest's run, plain files and folders
+    only) and its size against the free space, all before anything is written; it is extracted into a hidden
+    folder beside the target and renamed into place at the end (a failure leaves nothing). An existing run of
+    that name is refused, never replaced."""
+    parts_dir, into = Path(parts_dir), Path(into)
+    manifests = sorted(parts_dir.glob("*.tgz.json"))
     if len(manifests) != 1:
         raise RunDirError(f"{parts_dir}: expected one *.tgz.json manifest from `trace-rl pack`, found {len(manifests)}")
-    m = read_json_file(manifests[0], "pack the run again")
-    data = b"".join((Path(parts_dir) / p).read_bytes() for p in m["parts"])
-    if hashlib.sha256(data).hexdigest() != m["sha256"]:
+    m = read_control(manifests[0], PackManifest, "pack the run again")
+    dest = into / m.run
+    if dest.exists() or dest.is_symlink():
+        raise RunDirError(f"{dest} exists and is never replaced; move it away, or unpack with --into another folder")
+    missing = [p for p in m.parts if not (parts_dir / p).is_file()]
+    if missing:
+        raise RunDirError(f"{parts_dir}: part {missing[0]} is missing; copy every part listed in {manifests[0].name}")
+    data = b"".join((parts_dir / p).read_bytes() for p in m.parts)
+    if len(data) != m.bytes or hashlib.sha256(data).hexdigest() != m.sha256:
         raise RunDirError(f"{parts_dir}: the parts do not match their manifest (incomplete transfer?); copy them again")
-    dest = Path(into) / m["run"]
-    if dest.exists():
-        raise RunDirError(f"{dest} exists; move it away or unpack into another folder")
-    Path(into).mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(into, filter="data")  # no absolute paths, links out of the tree or devices
+    unreadable = (tarfile.TarError, EOFError, zlib.error, OSError)  # a truncated or non-gzip archive
+    try:
+        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+        members, size = _checked_members(tar, m.run, parts_dir)
+    except unreadable as err:
+        raise RunDirError(f"{parts_dir}: not a readable gzipped tar ({type(err).__name__}: {str(err)[:100]}); "
+                          "nothing was written; pack the run again") from None
+    with tar:
+        free_at = next(p for p in (into, *into.absolute().parents) if p.exists())
+        free = shutil.disk_usage(free_at).free
+        if size + (1 << 20) > free:
+            raise RunDirError(f"{parts_dir}: the run unpacks to {size / 1e6:.1f} MB, {free_at} has "
+                              f"{free / 1e6:.1f} MB free; free some space or unpack with --into elsewhere")
+        made = not into.exists()
+        into.mkdir(parents=True, exist_ok=True)
+        tmp = into / f".{m.run}.unpacking-{os.getpid()}"
+        try:
+            tar.extractall(tmp, members=members, filter="data")
+            if dest.exists():
+                raise RunDirError(f"{dest} appeared while unpacking; it is left as it was")
+            os.rename(tmp / m.run, dest)
+        except unreadable as err:
+            raise RunDirError(f"{parts_dir}: unpacking failed ({type(err).__name__}: {str(err)[:100]}); "
+                              f"nothing was written under {into}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if made and not dest.exists():
+                with suppress(OSError):
+                    into.rmdir()  # the folder made for it, empty again
     return dest

@@ -89,8 +89,8 @@ def plot_pass_rates(series: dict[str, dict], path: Path, title: str) -> None:
         present = [g for g in groups if g in figs]
         xs = [j + i * width for j, g in enumerate(groups) if g in figs]
         ps = [figs[g]["pass@1"] * 100 for g in present]
-        lo = [p - figs[g]["ci95"][0] * 100 for p, g in zip(ps, present)]
-        hi = [figs[g]["ci95"][1] * 100 - p for p, g in zip(ps, present)]
+        lo = [max(0.0, p - figs[g]["ci95"][0] * 100) for p, g in zip(ps, present)]  # rounding: never below 0
+        hi = [max(0.0, figs[g]["ci95"][1] * 100 - p) for p, g in zip(ps, present)]
         bars = ax.bar(xs, ps, width, yerr=[lo, hi], capsize=3, label=label)
         for b, g in zip(bars, present):
             ax.annotate(f"{figs[g]['passed']}/{figs[g]['episodes']}", (b.get_x() + b.get_width() / 2, 1),

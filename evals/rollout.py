@@ -69,7 +69,12 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task(benchmark.name, total=len(jobs), completed=len(jobs) - len(todo),
                             passed=sum(store.get(key(t, k)).passed for t, k in done))
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+        try:
             for fut in as_completed([pool.submit(one, tid, k) for tid, k in todo]):
                 bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(fut.result().passed))
+        except KeyboardInterrupt:  # stopped: start nothing more, do not wait for the episodes in flight
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     return [store.get(key(tid, k)) for tid, k in jobs]

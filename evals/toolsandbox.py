@@ -191,7 +191,6 @@ class ToolSandboxBenchmark(WorkerBenchmark):
     ToolSandbox category): the subset every split is cut down to."""
     worker_target = "toolsandbox_worker.py:ToolSandboxBench"
     Options = ToolSandboxOptions
-    fixed_max_steps = "ToolSandbox's own rule is 30 messages after the scenario's starting ones"
 
     def __init__(self, variant: str = "", python: str | None = None, user: str = "simulator", user_llm=None,
                  call_timeout_s: float = 120.0, max_restarts: int = 5):

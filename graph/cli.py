@@ -176,25 +176,39 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).name.removesuffix('.gguf'))}-"
                           f"{fingerprint(settings)[:8]}")
     if fresh and out_dir.exists():
+        with RunDir(out_dir).writer():  # not while another eval writes it
+            pass
         aside = out_dir.with_name(f"{out_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
         out_dir.rename(aside)
         console.print(f"--fresh: the earlier {out_dir} moved to {aside}", soft_wrap=True, highlight=False)
-    policy = LLM(served(llm, serve, 2 * concurrency, decode))
-    t0 = time.perf_counter()
-    trajs = rollout(bench, policy, ids, TrajectoryStore(out_dir), trials=trials, concurrency=concurrency, split=split,
-                    passed_threshold=passed_threshold, step_timeout_s=step_timeout, settings=settings,
-                    max_steps=max_steps)
-    report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]",
-                          extra={"wall_seconds": time.perf_counter() - t0})
-    table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",
-                  title=report["title"])
-    for name, g in report["groups"].items():
-        ks = " ".join(f"{k}:{v:.2f}" for k, v in g["pass^k"].items())
-        table.add_row(name, str(g["tasks"]), str(g["episodes"]), f"{g['pass@1']:.1%}",
-                      f"{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}", ks, f"{g['mean_reward']:.2f}", f"{g['mean_steps']:.1f}",
-                      ", ".join(f"{k}={v}" for k, v in g["terminations"].items()))
-    console.print(table)
-    console.print(f"trajectories, report.json, report.png in [bold]{out_dir}[/]")
+    with RunDir(out_dir).writer():  # one `eval` per --out (checked before a model is served): a second is refused
+        policy = LLM(served(llm, serve, 2 * concurrency, decode))
+        t0, stopped = time.perf_counter(), False
+        store = TrajectoryStore(out_dir)
+        try:
+            trajs = rollout(bench, policy, ids, store, trials=trials, concurrency=concurrency, split=split,
+                            passed_threshold=passed_threshold, step_timeout_s=step_timeout, settings=settings,
+                            max_steps=max_steps)
+        except KeyboardInterrupt:  # stopped: the report covers the episodes that finished
+            keys = {f"{bench.name}/{tid}/{k}" for tid in ids for k in range(trials)}
+            trajs, stopped = [t for t in store.all() if t.key in keys], True
+        extra = {"wall_seconds": time.perf_counter() - t0}
+        if stopped:
+            extra["stopped"] = f"interrupted after {len(trajs)} of {len(keys)} episodes; run it again to finish"
+        report = write_report(trajs, out_dir, title=f"{model} on {benchmark} [{split}]", extra=extra)
+        if stopped:
+            console.print(f"stopped: report.json in {out_dir} covers the {len(trajs)} of {len(keys)} episodes that "
+                          "finished; the same command finishes the rest")
+            raise typer.Exit(130)
+        table = Table("group", "tasks", "episodes", "pass@1", "95% CI", "pass^k", "reward", "steps", "terminations",
+                      title=report["title"])
+        for name, g in report["groups"].items():
+            ks = " ".join(f"{k}:{v:.2f}" for k, v in g["pass^k"].items())
+            table.add_row(name, str(g["tasks"]), str(g["episodes"]), f"{g['pass@1']:.1%}",
+                          f"{g['ci95'][0]:.0%}-{g['ci95'][1]:.0%}", ks, f"{g['mean_reward']:.2f}", f"{g['mean_steps']:.1f}",
+                          ", ".join(f"{k}={v}" for k, v in g["terminations"].items()))
+        console.print(table)
+        console.print(f"trajectories, report.json, report.png in [bold]{out_dir}[/]")
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -304,18 +318,18 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
 
 @app.command()
 def demo(run_dir: str = typer.Option("runs/demo", help="run directory (resumed if it exists)")):
-    """The main job on the embedded default: `run --preset demo` on τ²-bench telecom (solo)."""
+    """The main job on the embedded default: `run --preset demo` (ToolSandbox's single-user-turn scenarios)."""
     from trace_rl.graph.config import load_config
 
     resume = RunDir(run_dir).checkpoint.exists()
     _drive(Path(run_dir), load_config(preset="demo"), resume, True, False, 0)
 
 
-def _saved(run_dir: str):
+def _saved(run_dir: str, checked: bool = False):
     from trace_rl.graph.config import load_saved_config
 
     RunDir(run_dir).check()  # a damaged run directory: one line, nothing touched
-    return load_saved_config(RunDir(run_dir))
+    return load_saved_config(RunDir(run_dir), checked)
 
 
 @app.command()
@@ -333,7 +347,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
     from trace_rl.graph.pipeline import check_until
 
     check_until(until)
-    cfg = _saved(run_dir)
+    cfg = _saved(run_dir, checked=True)  # as `run` checks it: an unknown benchmark is refused, nothing retired
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
         if stage_fingerprints(new) != stage_fingerprints(cfg):
@@ -369,12 +383,18 @@ def status(run_dir: str = typer.Argument(..., help="a run directory")):
     from trace_rl.graph.approvals import THREAD, pending_item
     from trace_rl.graph.pipeline import compiled
 
-    app_ = compiled(Path(run_dir), _saved(run_dir))
-    state = app_.get_state(THREAD)
+    cfg = _saved(run_dir)
+    if not RunDir(run_dir).checkpoint.exists():  # never made here: status reads, it does not create one
+        console.print(f"next: not started (no checkpoint): `trace-rl resume {run_dir}`")
+        return
+    state = compiled(Path(run_dir), cfg).get_state(THREAD)
     _print_status(run_dir, state.values)
     if item := pending_item(run_dir, undecided=True):
         console.print(f"[yellow]pending:[/] {item['title']} ({item['id']}): `trace-rl approve {run_dir}`")
-    console.print(f"next: {', '.join(state.next) or 'nothing (finished)'}")
+    if not state.values:  # a checkpoint holding no state is no finished run
+        console.print(f"next: not started (the checkpoint holds no state): `trace-rl resume {run_dir}`")
+    else:
+        console.print(f"next: {', '.join(state.next) or 'nothing (finished)'}")
 
 
 @app.command()
@@ -497,7 +517,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     caps_path = analysis_dir(run).capabilities
     if not caps_path.is_file():
         _fail(f"{caps_path} not found; run `trace-rl analyze {run_dir}` first")
-    caps = [CapabilityRecord.model_validate(c) for c in json.loads(caps_path.read_text())["capabilities"]]
+    caps = [CapabilityRecord.model_validate(c) for c in analysis_dir(run).read_capabilities()["capabilities"]]
     pick = [c for c in caps if c.name == capability] if capability else [c for c in caps if c.kept][:1]
     if not pick:
         _fail(f"no capability {capability!r} in {caps_path}" if capability
@@ -588,7 +608,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
     pipe = Pipeline(run.root, cfg, log=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
     results = pipe.analyse({"iteration": _rollout_iteration(run)})["capabilities"]
     out = analysis_dir(run)
-    summary = json.loads(out.capabilities.read_text())
+    summary = out.read_capabilities()
     unlabelled = [f"{r['unlabelled']}/{r['pairs']}" + (f" +{r['unverified']} unverified" if r.get("unverified") else "")
                   + ("" if r["reliable"] else " (unreliable)")
                   for r in summary["labelling_runs"]]
@@ -609,14 +629,15 @@ def main():
     """The `trace-rl` command: a problem with the input is one line and exit code 2, not a traceback."""
     from trace_rl.agents.analyst import AnalystError
     from trace_rl.evals.benchmark import BenchmarkError
-    from trace_rl.graph.config import ConfigError
+    from trace_rl.core.io import Busy
     from trace_rl.core.rundir import RunDirError
     from trace_rl.core.trajectory import SettingsMismatch
+    from trace_rl.graph.config import ConfigError
 
     try:
         app()
     except (ConfigError, RunDirError, BenchmarkError, FileNotFoundError, sqlite3.DatabaseError, AnalystError,
-            SettingsMismatch) as err:
+            Busy, SettingsMismatch) as err:
         console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
         raise SystemExit(2) from None
 

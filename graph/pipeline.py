@@ -35,8 +35,9 @@ from typing import Annotated, Any, Callable, TypedDict
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.records import RECORD_TYPES, AdapterRecord, Capability, CapabilityRecord, EnvRecord
 from trace_rl.core.trajectory import TrajectoryStore
-from trace_rl.core.rundir import CHECKPOINT, RunDir, read_json_file
-from trace_rl.graph.approvals import THREAD, auto_decision, pending, read_decisions, record_decision
+from trace_rl.core.rundir import CHECKPOINT, RunDir, RunDirError, read_control
+from trace_rl.graph.approvals import (THREAD, auto_decision, check_decision, pending, pending_item, read_decisions,
+                                      record_decision)
 from trace_rl.graph.config import (STAGE_FIELDS, ConfigError, RunConfig, load_saved_config, save_config,
                                    stage_fingerprints)
 from trace_rl.graph.report import row_notes, write_run_report
@@ -197,7 +198,7 @@ class Pipeline:
         trajs = [t for store in self.run.rollout_stores(i) for t in TrajectoryStore(store).all()]
         caps = analyze(trajs, self.comps.analyst, self.run.analysis(i), self.cfg.analysis, progress=True,
                        tools=self._tools(), labeller=self.comps.labeller)
-        out = json.loads(self.run.analysis(i).capabilities.read_text())
+        out = self.run.analysis(i).read_capabilities()
         figures = ("trajectories", "passed", "failed", "hollow", "no_contrast", "labelling_runs")
         return {"capabilities": caps, "analysis": {k: out.get(k) for k in figures}}
 
@@ -239,7 +240,7 @@ class Pipeline:
             caps.append(c)
         path = self.run.analysis(s.get("iteration", 0)).capabilities
         if path.is_file():  # the decisions in the analysis file too
-            data = json.loads(path.read_text())
+            data = self.run.analysis(s.get("iteration", 0)).read_capabilities()
             status = {c.name: c.status for c in caps}
             for c in data["capabilities"]:
                 c["status"] = status.get(c["name"], c["status"])
@@ -467,7 +468,7 @@ def retire_stale_stages(run_dir: Path, cfg: RunConfig, log=print) -> list[str]:
     run = RunDir(run_dir)
     path, new = run.stages, stage_fingerprints(cfg)
     if path.is_file():  # even without a checkpoint: outputs on disk must match the config that made them
-        old = read_json_file(path, "remove it only if every stage's output may be reused")
+        old = read_control(path, dict[str, str], "remove it only if every stage's output may be reused")
     elif run.checkpoint.exists():
         old = saved_fingerprints(run_dir)
     else:
@@ -520,7 +521,15 @@ def compiled(run_dir: Path, cfg: RunConfig, log=print, until: str | None = None)
     # the name earlier runs' checkpoints gave the capability an adapter trained on
     saver = SqliteSaver(sqlite3.connect(str(RunDir(run_dir).checkpoint), check_same_thread=False),
                         serde=JsonPlusSerializer(allowed_msgpack_modules=records))
-    return Pipeline(run_dir, cfg, log).graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
+    app = Pipeline(run_dir, cfg, log).graph().compile(checkpointer=saver, interrupt_before=[until] if until else None)
+    try:
+        app.get_state(THREAD)  # the saved state decodes, or one line saying how to recover
+    except Exception as err:  # whatever a damaged blob makes the deserializer raise
+        db = RunDir(run_dir).checkpoint
+        raise RunDirError(f"{db}: the checkpoint cannot be read ({type(err).__name__}: {str(err)[:100]}); move "
+                          f"{db.name}* away and `trace-rl resume {run_dir}` to start this run over (stages replay "
+                          "from their outputs on disk)") from None
+    return app
 
 
 def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = True, web_port: int | None = None,
@@ -535,7 +544,14 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
     check_until(until)
     run_dir, run = Path(run_dir), RunDir(run_dir)
     run.check()
+    read_decisions(run_dir), pending_item(run_dir)  # control files of the wrong shape: refused before any change
     run_dir.mkdir(parents=True, exist_ok=True)
+    with run.writer():
+        return _drive_locked(run_dir, cfg, wait, web_port, log, until)
+
+
+def _drive_locked(run_dir: Path, cfg: RunConfig, wait: bool, web_port: int | None, log, until: str | None) -> dict:
+    run = RunDir(run_dir)
     stale = retire_stale_stages(run_dir, cfg, log)
     from langgraph.types import Command
 
@@ -574,7 +590,7 @@ def drive(run_dir: str | Path, cfg: RunConfig, *, resume: bool, wait: bool = Tru
                 while (decided := read_decisions(run_dir).get(item["id"])) is None:
                     time.sleep(0.5)
             log(f"decision on {item['id']}: {decided}")
-            inp = Command(resume=decided)
+            inp = Command(resume=check_decision(run_dir, item, decided))
     finally:
         if server is not None:
             server.shutdown()

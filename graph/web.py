@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from trace_rl.core.records import CapabilityRecord, EnvRecord
-from trace_rl.core.rundir import RunDir
+from trace_rl.core.rundir import RunDir, RunDirError
 from trace_rl.graph.approvals import pending_item, read_decisions, record_decision
 from trace_rl.graph.report import verifier_report
 
@@ -165,7 +165,10 @@ def app(run_dir: str | Path, token: str | None = None):
                 decision = decision_from_form(item, form)
             except BadDecision as err:
                 return PlainTextResponse(str(err), 400)
-            record_decision(run_dir, item["id"], decision)
+            try:
+                record_decision(run_dir, item["id"], decision)
+            except RunDirError as err:  # decided meanwhile by `trace-rl approve` in another process
+                return PlainTextResponse(str(err), 409)
         return RedirectResponse("/?msg=Decision+recorded%3B+the+run+continues.", 303)
 
     return Starlette(routes=[Route("/", index), Route("/pending.json", pending), Route("/file", file),

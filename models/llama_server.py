@@ -29,7 +29,9 @@ class LlamaServer(ServerProcess):
     """llama.cpp's server for a local GGUF (through our entry point: it exits when we die)."""
 
     n_ctx: int = 8192
-    n_threads: int = max(1, os.cpu_count() or 1)
+    # the cores this process may run on (taskset, a cgroup's cpuset), not the machine's: llama.cpp's threads wait
+    # for one another, and more threads than cores collapse its speed
+    n_threads: int = field(default_factory=lambda: max(1, len(os.sched_getaffinity(0))))
     lora: str | Path | None = None  # a GGUF LoRA (models/lora_gguf.py) applied on top of the model
     # flash attention (LLMConfig.flash_attn, the run config's flash_attn): faster prompts, but greedy replies then
     # depend on how a prompt was split between cached and new tokens. Off: they never do (tested)

@@ -3,6 +3,9 @@
 # only while warm (30 s between calls), so each call is one verb:
 #   wheels DIR          install a carried wheel folder (scripts/device_wheels.sh made it)
 #   part                move the carried weight part(s) in .device/chunk to /tmp/parts
+#   bench DIR           install the carried wheels of a built-in benchmark's own venv (BFCL: .device/bench-wheels)
+#   rates MODEL SECONDS BFCL base rates of MODEL on its test split at T = 0.7, 2 trials: the first $TURNS turns
+#                       one at a time and the first $TASKS whole tasks, side by side; results in $OUT/rates-MODEL.tgz
 #   model               reassemble + sha256-check the 1.5B, convert it for transformers (once per machine)
 #   analyse SECONDS     rollouts + analysis on τ² telecom into /tmp/proof (stops at the capabilities
 #                       approval), then pack it into $OUT/proof
@@ -26,7 +29,7 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 MODEL=${MODEL:-qwen2.5-coder-1.5b}
-CONFIG=${CONFIG:-docs/examples/gpu/proof.yaml}
+CONFIG=${CONFIG:-docs/examples/bfcl/proof.yaml}
 RUN=/tmp/proof
 cli() { python3 -m trace_rl.graph.cli "$@"; }
 # results.tgz first (a few MB: reports, logs, trajectories, curves, envs): a finished run with its adapters and
@@ -38,12 +41,29 @@ pack() {
   rm -rf "$OUT/proof"; cli pack "$RUN" --out "$OUT/proof" --part-mb 15; }
 case "${1:-}" in
   wheels) source scripts/device_env.sh "$2" ;;
+  bench)
+    source scripts/device_env.sh /nonexistent
+    cli benchmarks install bfcl --source "$2" ;;
+  rates)
+    source scripts/device_env.sh /nonexistent
+    m=$2; mkdir -p /tmp/rates
+    timeout "${3:-500}" python3 -m trace_rl.graph.cli eval --benchmark bfcl:base --bench-opt mode=per_turn --split test \
+      --tasks "${TURNS:-160}" --trials 2 --temperature 0.7 --model "$m" --serve hf --concurrency 64 \
+      --out "/tmp/rates/bfcl-turn-$m" > "$OUT/rates-turn-$m.log" 2>&1 &
+    timeout "${3:-500}" python3 -m trace_rl.graph.cli eval --benchmark bfcl:base --split test --tasks "${TASKS:-40}" \
+      --trials 2 --temperature 0.7 --model "$m" --serve hf --concurrency 40 \
+      --out "/tmp/rates/bfcl-task-$m" > "$OUT/rates-task-$m.log" 2>&1 &
+    wait
+    tail -n 25 "$OUT"/rates-*-"$m".log
+    tar czf "$OUT/rates-$m.tgz" -C /tmp/rates . ;;
   part) mkdir -p /tmp/parts && mv .device/chunk/* /tmp/parts/ && ls /tmp/parts | wc -l ;;
   model)
     source scripts/device_env.sh /nonexistent
     t0=$(date +%s)
-    python3 scripts/gpu_weights.py join /tmp/parts "$MODEL" && rm -rf /tmp/parts || exit 1
-    cli models path "$MODEL" --hf || exit 1
+    for m in ${MODELS:-$MODEL}; do   # MODELS="a b": every model whose parts were carried
+      python3 scripts/gpu_weights.py join /tmp/parts "$m" && cli models path "$m" --hf || exit 1
+    done
+    rm -rf /tmp/parts
     echo "model ready in $(( $(date +%s) - t0 )) s" ;;
   analyse)
     source scripts/device_env.sh /nonexistent
