@@ -36,7 +36,7 @@ def train(args) -> None:
     model = Qwen2ForCausalLM(Qwen2Config(**{**CONFIGS[args.config], "vocab_size": len(tok)},
                                          max_position_embeddings=32768))
     settings = PRESETS["cpu"].model_copy(update=dict(
-        steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step, max_turns=2,
+        steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step, max_steps=2,
         max_turn_tokens=args.new_tokens, save_steps=10_000, log_kl=False, seed=args.seed, learning_rate=1e-4))
     bench = LetterBench(n_tasks=64)
     grpo = CapabilityGRPO(model, tok, bench, [t.id for t in bench.tasks()], args.workdir, settings, name="letters")

@@ -42,7 +42,7 @@ def main():
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     code = (resources.files("trace_rl.sandbox") / "envs" / args.env).read_text()
-    settings = GRPOSettings(group_size=args.group, groups_per_step=1, steps=args.steps, max_turns=args.turns,
+    settings = GRPOSettings(group_size=args.group, groups_per_step=1, steps=args.steps, max_steps=args.turns,
                             max_turn_tokens=args.turn_tokens, max_seq_len=8192, save_steps=10**6, log_kl=False,
                             learning_rate=1e-5, hint_fraction=0.25)
     results = {}

@@ -2,6 +2,7 @@
 trace-rl keeps its caches."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -34,6 +35,12 @@ def atomic_write_json(path: str | Path, data) -> None:
     except ValueError as err:
         raise ValueError(f"{path}: refusing to write a non-finite number ({err})") from None
     atomic_write_text(path, text)
+
+
+def fingerprint(data, salt: str = "") -> str:
+    """The sha256 (hex) of `salt` + `data` as sorted JSON: what keys every cached result to the settings that
+    made it (a pipeline stage's config, a stored episode's settings)."""
+    return hashlib.sha256((salt + json.dumps(data, sort_keys=True, default=str)).encode()).hexdigest()
 
 
 CACHE_ENV = "TRACE_RL_CACHE"

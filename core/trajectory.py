@@ -39,6 +39,7 @@ class Trajectory:
     seconds: float = 0.0
     started_at: float = 0.0
     split: str = ""
+    settings: dict = field(default_factory=dict)  # what made it (evals/rollout.py episode_settings): reused only on a match
 
     @property
     def key(self) -> str:
@@ -56,7 +57,7 @@ class Trajectory:
             raise ValueError(f"a trajectory is a JSON object, got {type(d).__name__}")
         t = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
         for name, kind in (("task_id", str), ("benchmark", str), ("model", str), ("termination", str), ("split", str),
-                           ("passed", bool), ("reasons", dict), ("messages", list)):
+                           ("passed", bool), ("reasons", dict), ("messages", list), ("settings", dict)):
             if not isinstance(getattr(t, name), kind):
                 raise ValueError(f"field {name!r} is {type(getattr(t, name)).__name__}, not {kind.__name__}")
         for name in ("trial", "steps", "tool_calls", "malformed_tool_calls", "text_tool_calls", "prompt_tokens",
@@ -70,6 +71,23 @@ class Trajectory:
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in t.messages):
             raise ValueError("field 'messages' holds an entry that is not a {'role': ...} object")
         return t
+
+
+class SettingsMismatch(ValueError):
+    """A store holds episodes made under other settings than the ones asked for."""
+
+
+def settings_change(stored: dict, wanted: dict, prefix: str = "") -> str | None:
+    """The first setting on which a stored episode and a new run differ, as `name: X there, Y now` (a nested
+    one by its dotted name); None when they agree."""
+    shown = lambda d, key: json.dumps(d[key], default=str)[:80] if key in d else "unrecorded"  # noqa: E731
+    for key in sorted(set(stored) | set(wanted)):
+        old, new = stored.get(key), wanted.get(key)
+        if isinstance(old, dict) and isinstance(new, dict) and old != new:
+            return settings_change(old, new, f"{prefix}{key}.")
+        if key not in stored or key not in wanted or old != new:
+            return f"{prefix}{key}: {shown(stored, key)} there, {shown(wanted, key)} now"
+    return None
 
 
 class TrajectoryStore:
@@ -165,10 +183,12 @@ class TrajectoryStore:
     def all(self) -> list[Trajectory]:
         return list(self._items.values())
 
-    def add(self, traj: Trajectory) -> None:
+    def add(self, traj: Trajectory, replace: bool = False) -> None:
+        """Append one episode; one already stored under its key stays, unless `replace` (the later line then
+        wins when the store is read: the earlier one is kept in the file as history)."""
         line = (json.dumps(traj.to_dict(), default=str, allow_nan=False) + "\n").encode()  # NaN: not JSON
         with self._lock:
-            if traj.key in self._items:
+            if traj.key in self._items and not replace:
                 return
             if self._torn:
                 self._repair_torn_tail()

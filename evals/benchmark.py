@@ -13,6 +13,7 @@ objects and a benchmark's shared state must be safe to read from several threads
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trace_rl.core.episode import Episode, Observation, Score, Task, decode_tool_calls
 
 __all__ = ["Benchmark", "BenchmarkError", "BenchmarkOptions", "Episode", "Observation", "Score", "Task",
-           "decode_tool_calls", "load_benchmark", "register", "resolve"]
+           "benchmark_version", "decode_tool_calls", "load_benchmark", "register", "resolve"]
 
 
 class BenchmarkOptions(BaseModel):
@@ -41,6 +42,9 @@ class Benchmark(ABC):
     `test` split (or the ones named in the config) and `spec()` for the environment builder."""
     name: str
     Options: type[BaseModel] | None = None  # the benchmark's options, validated before construction
+    version: str | None = None  # what changes its episodes (data, rules); unset: a hash of the file defining the class
+    fixed_max_steps: str | None = None  # why an episode's length is the benchmark's own rule: then a user's
+                                        # max_steps cannot apply (an error, not silence)
 
     @abstractmethod
     def splits(self) -> list[str]: ...
@@ -81,7 +85,18 @@ class Benchmark(ABC):
 
 
 class BenchmarkError(ValueError):
-    pass
+    """A problem with a benchmark or its input: the CLI prints it as one line (exit code 2). A plugin raises it
+    (in its constructor, `splits()`, `tasks()`) for what its user must fix."""
+
+
+def benchmark_version(bench: Benchmark) -> str:
+    """`bench.version`, else the sha256 (12 hex) of the source file that defines its class."""
+    if bench.version:
+        return str(bench.version)
+    try:  # the class of the object `episode` is bound to: a proxy in front of the benchmark reads the same
+        return hashlib.sha256(Path(inspect.getfile(type(bench.episode.__self__))).read_bytes()).hexdigest()[:12]
+    except (OSError, TypeError, AttributeError):
+        return "unknown"
 
 
 def hinted_episode(bench: Benchmark, task_id: str, hinted: bool) -> Episode:
@@ -171,7 +186,8 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
     """The benchmark named by `spec`, built with its validated `options`.
 
     `offer` holds what the framework can supply (max_steps, user_llm): each is passed only if the
-    benchmark's Options has that field, so a benchmark never receives options it does not take."""
+    benchmark's Options has that field, so a benchmark never receives options it does not take; a max_steps
+    offered to a benchmark with `fixed_max_steps` is an error. A constructor that raises is a BenchmarkError."""
     factory, variant = resolve(spec)
     options, model = dict(options or {}), getattr(factory, "Options", None)
     fields = model.model_fields if model is not None else {}
@@ -192,11 +208,19 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
                                  f"{', '.join(fields) or 'none'})")
         if variant and "variant" in options:
             raise BenchmarkError(f"{spec}: the variant is given twice (@{variant} and the variant option)")
-        bench = factory(**({"variant": variant} if variant else {}), **options)
+        make = lambda: factory(**({"variant": variant} if variant else {}), **options)  # noqa: E731
     else:
-        bench = factory(variant, **options)
+        make = lambda: factory(variant, **options)  # noqa: E731
+    try:
+        bench = make()
+    except BenchmarkError:
+        raise
+    except Exception as err:  # a plugin's constructor: one line, not a traceback
+        raise BenchmarkError(f"{spec}: building it raised {type(err).__name__}: {str(err)[:300]}") from None
     if not isinstance(bench, Benchmark):
         raise BenchmarkError(f"{spec} built a {type(bench).__name__}, not a trace_rl Benchmark")
+    if (offer or {}).get("max_steps") is not None and bench.fixed_max_steps:
+        raise BenchmarkError(f"{spec}: max_steps cannot apply: {bench.fixed_max_steps}")
     return _checked(bench, spec)
 
 

@@ -79,6 +79,7 @@ class BfclBenchmark(WorkerBenchmark):
     """See the module docstring."""
     worker_target = "bfcl_worker.py:BfclBench"
     Options = BfclOptions
+    fixed_max_steps = "BFCL's own rule is 20 steps with calls per user turn"
 
     def __init__(self, python: str | None = None, mode: str = "task", category: str | None = None,
                  call_timeout_s: float = 120.0, max_restarts: int = 5):

@@ -18,7 +18,8 @@ from trace_rl.evals.rollout import rollout
 def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str | Path, *, split: str,
              trials: int = 1, skipped: dict[str, str] | None = None, mode_tasks: dict[str, int] | None = None,
              passed_threshold: float | None = None, concurrency: int = 1,
-             capabilities: list[Capability] | None = None, step_timeout_s: float = STEP_TIMEOUT_S) -> dict:
+             capabilities: list[Capability] | None = None, step_timeout_s: float = STEP_TIMEOUT_S,
+             max_steps: int | None = None) -> dict:
     """{mode: figures | {"skipped": why}}; writes out_dir/<mode>/ stores, report.json and report.png.
     `mode_tasks` gives some modes fewer tasks (slow in-process decoding); each row states its count.
     `capabilities`: each mode's figures get "transfer", the code-measured rate
@@ -28,7 +29,7 @@ def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str
         n = (mode_tasks or {}).get(mode)
         trajs = rollout(bench, policy, task_ids[:n] if n else task_ids, TrajectoryStore(out.mode(mode)), trials=trials,
                         split=split, passed_threshold=passed_threshold, concurrency=concurrency,
-                        step_timeout_s=step_timeout_s)
+                        step_timeout_s=step_timeout_s, max_steps=max_steps)
         series[mode] = summarize(trajs)
         results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name}
         if capabilities:

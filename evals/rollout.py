@@ -1,28 +1,65 @@
 """Rollout engine: N tasks x k trials, bounded concurrency, resumable through the trajectory store."""
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Iterable
 
 from trace_rl.agents.base_agent import Policy, run_episode
-from trace_rl.core.trajectory import Trajectory, TrajectoryStore
-from trace_rl.evals.benchmark import Benchmark
+from trace_rl.core.io import fingerprint
+from trace_rl.core.trajectory import SettingsMismatch, Trajectory, TrajectoryStore, settings_change
+from trace_rl.evals.benchmark import Benchmark, BenchmarkError, benchmark_version
+from trace_rl.models.llm import LLMConfig, result_settings
+
+
+def episode_settings(bench: Benchmark, benchmark: str, agent: LLMConfig | str, *, max_steps: int | None,
+                     options: dict | None = None, user: LLMConfig | None = None,
+                     passed_threshold: float | None = None) -> dict:
+    """Everything that changes an episode's result, as each stored episode records it: the benchmark (its spec,
+    version, options, and the prompt and tools it shows), the agent's model (its weights' hash where cheap) and
+    sampling, the user simulator's, the step limit (None: the episode's own) and the pass mark. An episode is
+    reused only where all of these match (`rollout`)."""
+    try:
+        spec = bench.spec()
+        prompt = fingerprint([spec.get("system_prompt"), spec.get("tools")])[:12]
+    except BenchmarkError:
+        raise
+    except Exception as err:  # a plugin whose spec() fails still runs; its prompt is then not compared
+        prompt = f"unread ({type(err).__name__})"
+    plain = lambda v: result_settings(v) if isinstance(v, LLMConfig) else v  # noqa: E731
+    out = {"benchmark": benchmark, "benchmark_version": benchmark_version(bench), "prompt": prompt,
+           "options": {k: plain(v) for k, v in (options or {}).items()}, "agent": plain(agent), "user": plain(user),
+           "max_steps": max_steps, "passed_threshold": passed_threshold}
+    return json.loads(json.dumps(out, default=str, sort_keys=True))  # as a stored episode reads them back
 
 
 def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
             store: TrajectoryStore, trials: int = 1, concurrency: int = 2, split: str = "",
-            progress: bool = True, passed_threshold: float | None = None, **chat_kw) -> list[Trajectory]:
+            progress: bool = True, passed_threshold: float | None = None, settings: dict | None = None,
+            strict: bool = True, **chat_kw) -> list[Trajectory]:
     """Run every (task, trial) not already in `store`; returns all trajectories for them.
-    `passed_threshold`: an episode passes when its reward reaches it (continuous scores)."""
+    `passed_threshold`: an episode passes when its reward reaches it (continuous scores).
+    `settings` (episode_settings): each new episode records them, and a stored one is reused only when its own
+    are the same; one made under others is a SettingsMismatch naming the first difference (`strict`), or is
+    played again and replaces it (not strict: the pipeline). Without `settings`, a stored key is reused."""
     jobs = [(tid, k) for tid in task_ids for k in range(trials)]
-    todo = [(tid, k) for tid, k in jobs if f"{benchmark.name}/{tid}/{k}" not in store]
+    key = lambda tid, k: f"{benchmark.name}/{tid}/{k}"  # noqa: E731
+    stale = {key(t, k): None for t, k in jobs
+             if settings is not None and key(t, k) in store and store.get(key(t, k)).settings != settings}
+    if stale and strict:
+        raise SettingsMismatch(f"{store.dir} holds {len(stale)} episode(s) made under other settings "
+                               f"({settings_change(store.get(next(iter(stale))).settings, settings)}); start over with "
+                               "--fresh, or use another output folder")
+    todo = [(t, k) for t, k in jobs if key(t, k) not in store or key(t, k) in stale]
+    done = set(jobs) - set(todo)
 
     def one(tid: str, k: int) -> Trajectory:
         traj = run_episode(policy, lambda: benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
                            trial=k, split=split, **chat_kw)
         if passed_threshold is not None:
             traj.passed = traj.reward >= passed_threshold - 1e-9
-        store.add(traj)
+        traj.settings = settings or {}
+        store.add(traj, replace=True)
         return traj
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,8 +68,7 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
                TextColumn("pass {task.fields[passed]}"), TimeElapsedColumn()]
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task(benchmark.name, total=len(jobs), completed=len(jobs) - len(todo),
-                            passed=sum(store.get(f"{benchmark.name}/{t}/{k}").passed
-                                       for t, k in jobs if f"{benchmark.name}/{t}/{k}" in store))
+                            passed=sum(store.get(key(t, k)).passed for t, k in done))
         pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
         try:
             for fut in as_completed([pool.submit(one, tid, k) for tid, k in todo]):
@@ -41,4 +77,4 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown()
-    return [store.get(f"{benchmark.name}/{tid}/{k}") for tid, k in jobs]
+    return [store.get(key(tid, k)) for tid, k in jobs]

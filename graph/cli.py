@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -26,7 +27,8 @@ benchmarks_app = typer.Typer(help="Built-in benchmarks that live in a virtualenv
 app.add_typer(models_app, name="models")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(benchmarks_app, name="benchmarks")
-console = Console()
+# a log (stdout not a terminal) gets tables at full width: rich would cut their columns to 80 characters
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
 DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or inductor (fused by torch.compile)"
 FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
 
@@ -126,10 +128,12 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              tasks: int = typer.Option(0, min=0, help="only the first N tasks (0 = all)"),
              task_id: list[str] = typer.Option(None, help="specific task ids (repeatable)"),
              trials: int = typer.Option(1, min=1, help="trials per task (pass^k needs k)"),
-             out: str = typer.Option(None, help="output directory (resumes if it exists)"),
+             out: str = typer.Option(None, help="output directory (default: named after the settings; resumes the "
+                                                "episodes made under the same settings, refuses other ones)"),
+             fresh: bool = typer.Option(False, help="start over: an existing output directory moves aside"),
              concurrency: int = typer.Option(1, min=1, help="episodes in flight"),
-             max_steps: int = typer.Option(None, min=1, help="agent steps per episode (default: the run config's "
-                                                             "agent.max_steps)"),
+             max_steps: int = typer.Option(None, min=1, help="agent steps per episode (default: the benchmark's "
+                                                             "own limit; an error where its rules fix it)"),
              max_tokens: int = typer.Option(None, min=16, help="agent answer length (default: agent.max_tokens)"),
              temperature: float = typer.Option(0.0, min=0, help="agent sampling temperature (0: greedy, as an "
                                                                 "evaluation measures)"),
@@ -148,32 +152,43 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
-    from trace_rl.evals.rollout import rollout
+    from trace_rl.core.io import fingerprint
+    from trace_rl.evals.rollout import episode_settings, rollout
     from trace_rl.graph.config import AgentSettings
     from trace_rl.models.llm import served
 
     agent = AgentSettings()
     if serve not in ("llama.cpp", "hf"):
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
-    safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
-    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).stem)}")
-    offer = {"max_steps": max_steps or agent.max_steps}
-    if user_model or user_base_url or serve == "hf":
-        offer["user_llm"] = served(LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0,
-                                             flash_attn=flash_attn), serve, 2 * concurrency, decode)
-    bench = load_benchmark(benchmark, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
+    user = LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0, flash_attn=flash_attn) \
+        if user_model or user_base_url or serve == "hf" else None
+    offer = {"max_steps": max_steps, "user_llm": user and served(user, serve, 2 * concurrency, decode)}
+    options = _overrides(bench_opt, "--bench-opt")
+    bench = load_benchmark(benchmark, options=options, offer=offer)
     for tid in task_id or []:
         bench.task(tid, split)  # fail fast, naming the bad id
     ids = (task_id or [t.id for t in bench.tasks(split)])[:tasks or None]
+    llm = LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens, temperature=temperature,
+                    deadline=request_deadline, flash_attn=flash_attn)
+    settings = episode_settings(bench, benchmark, llm, max_steps=max_steps, options=options, user=user,
+                                passed_threshold=passed_threshold)
+    safe = lambda s: "".join(c if c.isalnum() or c in "._-" else "_" for c in s)
+    out_dir = Path(out or f"runs/eval-{safe(benchmark)}-{safe(split)}-{safe(Path(model).name.removesuffix('.gguf'))}-"
+                          f"{fingerprint(settings)[:8]}")
+    if fresh and out_dir.exists():
+        with RunDir(out_dir).writer():  # not while another eval writes it
+            pass
+        aside = out_dir.with_name(f"{out_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        out_dir.rename(aside)
+        console.print(f"--fresh: the earlier {out_dir} moved to {aside}", soft_wrap=True, highlight=False)
     with RunDir(out_dir).writer():  # one `eval` per --out (checked before a model is served): a second is refused
-        policy = LLM(served(LLMConfig(model=model, base_url=base_url, max_tokens=max_tokens or agent.max_tokens,
-                                      temperature=temperature, deadline=request_deadline, flash_attn=flash_attn), serve,
-                            2 * concurrency, decode))
+        policy = LLM(served(llm, serve, 2 * concurrency, decode))
         t0, stopped = time.perf_counter(), False
         store = TrajectoryStore(out_dir)
         try:
             trajs = rollout(bench, policy, ids, store, trials=trials, concurrency=concurrency, split=split,
-                            passed_threshold=passed_threshold, step_timeout_s=step_timeout)
+                            passed_threshold=passed_threshold, step_timeout_s=step_timeout, settings=settings,
+                            max_steps=max_steps)
         except KeyboardInterrupt:  # stopped: the report covers the episodes that finished
             keys = {f"{bench.name}/{tid}/{k}" for tid in ids for k in range(trials)}
             trajs, stopped = [t for t in store.all() if t.key in keys], True
@@ -448,7 +463,8 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
 
-        offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0)}
+        offer = {"user_llm": LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0),
+                 "max_steps": settings.max_steps}  # one limit: a benchmark that plays steps itself gets it too
         bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
         ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
         rec = train_on_target(bench, ids, RunDir(out).train_target, lambda: load_model(model), settings,
@@ -510,7 +526,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
     trajs = {t.key: t for t in rollout_trajectories(run)}
     examples = [trajs[k] for k in cap.example_failed_task_ids if k in trajs]
     cfg = _stage_config(run, {
-        "benchmark": benchmark or (None if run.config.is_file() else examples[0].benchmark if examples else None),
+        "benchmark": benchmark or (None if run.config.is_file() else _benchmark_of(examples[0]) if examples else None),
         "benchmark_options": _overrides(bench_opt, "--bench-opt") or None, "serve": serve, "builder_mode": mode,
         "builder": {"model": builder, "base_url": builder_url, "max_tokens": max_tokens}, "build_rounds": rounds,
         "verify": _overrides(set_) or None, **({"calibrate": True, "base_model": calibrate} if calibrate else
@@ -550,6 +566,11 @@ def sample_turns(traj, n: int = 4) -> str:
     return "\n".join(lines)
 
 
+def _benchmark_of(traj) -> str:
+    """The benchmark an episode was played on, as `--benchmark` named it (its settings), else its name."""
+    return traj.settings.get("benchmark") or traj.benchmark
+
+
 def _rollout_iteration(run: RunDir) -> int:
     return run.latest(lambda i: run.rollouts(i).is_dir())
 
@@ -581,7 +602,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
     trajs = rollout_trajectories(run)
     if not trajs:
         _fail(f"no trajectories.jsonl under {run_dir}; run `trace-rl eval --out {run.rollouts()}` first")
-    cfg = _stage_config(run, {"benchmark": None if run.config.is_file() else trajs[0].benchmark, "serve": serve,
+    cfg = _stage_config(run, {"benchmark": None if run.config.is_file() else _benchmark_of(trajs[0]), "serve": serve,
                               "analyst": {"model": model, "base_url": base_url, "max_tokens": max_tokens},
                               "analysis": _overrides(set_) or None})
     pipe = Pipeline(run.root, cfg, log=lambda msg: console.print(f"[yellow]{escape(msg)}[/]"))
@@ -610,12 +631,13 @@ def main():
     from trace_rl.evals.benchmark import BenchmarkError
     from trace_rl.core.io import Busy
     from trace_rl.core.rundir import RunDirError
+    from trace_rl.core.trajectory import SettingsMismatch
     from trace_rl.graph.config import ConfigError
 
     try:
         app()
     except (ConfigError, RunDirError, BenchmarkError, FileNotFoundError, sqlite3.DatabaseError, AnalystError,
-            Busy) as err:
+            Busy, SettingsMismatch) as err:
         console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
         raise SystemExit(2) from None
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trace_rl.agents.analyst import AnalysisConfig
 from trace_rl.agents.verifier import VerifyConfig
-from trace_rl.core.io import atomic_write_json
+from trace_rl.core.io import atomic_write_json, fingerprint
 from trace_rl.core.rundir import RunDir, RunDirError, read_control
 from trace_rl.models.llm import LLMConfig
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
@@ -22,7 +22,8 @@ class Strict(BaseModel):
 
 
 class AgentSettings(Strict):
-    max_steps: int = Field(30, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="agent steps per episode; unset: each benchmark's own limit "
+                                  "(a benchmark whose rules fix it refuses a value)")
     max_tokens: int = Field(512, ge=16)
     temperature: float = Field(0.7, ge=0, description="> 0 so that repeated trials of a task can differ")
     concurrency: int = Field(1, ge=1)
@@ -153,8 +154,6 @@ STAGE_FIELDS: dict[str, tuple[str, ...]] = {
 def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
     """A hash per stage of the config that made its output, chained: a change in one stage's
     fields changes its fingerprint and every later stage's."""
-    import hashlib
-
     data, out, chain = cfg.model_dump(mode="json"), {}, ""
     for section in ("agent", "analysis"):  # how many calls run at once changes no result, nor how long one may take
         for key in ("concurrency", "request_deadline", "step_timeout"):
@@ -172,10 +171,14 @@ def stage_fingerprints(cfg: RunConfig) -> dict[str, str]:
             data[section].pop("flash_attn", None)
     if not data["flash_attn"]:
         del data["flash_attn"]
+    if data["agent"]["max_steps"] is None:  # unset (each benchmark's own) is what the default 30 did before it
+        data["agent"]["max_steps"] = 30     # could be unset (offered to tau2 alone, whose own is 30): same fingerprint
+    if data["grpo"]["max_steps"] is not None:  # named max_turns before: runs made before keep their fingerprints
+        data["grpo"]["max_turns"] = data["grpo"].pop("max_steps")
     if data["compose"]["max_len"] == ComposeSettings.model_fields["max_len"].default:  # added later: runs made before keep theirs
         del data["compose"]["max_len"]
     for stage, fields in STAGE_FIELDS.items():
-        chain = hashlib.sha256((chain + json.dumps({f: data[f] for f in fields if f in data}, sort_keys=True)).encode()).hexdigest()
+        chain = fingerprint({f: data[f] for f in fields if f in data}, salt=chain)
         out[stage] = chain[:16]
     return out
 
@@ -195,7 +198,7 @@ PRESETS: dict[str, dict] = {
         # the paper's GRPO (r=16 on q,k,v,o, eps 0.2/0.28, no KL, T=1.0, G=16) with a larger step size for a
         # small model and 10 steps x 2 groups x 16 = 320 rollouts per capability (the paper: ~1,280)
         "grpo": GRPO_PRESETS["paper"].model_dump() | {"groups_per_step": 2, "steps": 10, "learning_rate": 2e-5,
-                                                      "max_turns": 12, "max_turn_tokens": 256, "max_seq_len": 14336,
+                                                      "max_steps": 12, "max_turn_tokens": 256, "max_seq_len": 14336,
                                                       "save_steps": 5, "kl_every": 5},
         "train_seeds": 1000, "heldout_seeds": 32,
     },
@@ -218,7 +221,7 @@ PRESETS: dict[str, dict] = {
         "verify": {"seeds": 40, "determinism_seeds": 2, "calib_seeds": 4, "calib_samples": 4},
         "build_rounds": 2, "library_fallback": True, "max_capabilities": 1, "train_unkept": 1,
         # KL to the base would add a third to each step: the demo leaves it to `trace-rl train`
-        "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 2, "group_size": 4, "groups_per_step": 1, "max_turns": 3,
+        "grpo": GRPO_PRESETS["cpu"].model_dump() | {"steps": 2, "group_size": 4, "groups_per_step": 1, "max_steps": 3,
                                                     "max_turn_tokens": 64, "resample_constant_groups": 1,
                                                     "log_kl": False},
         "train_seeds": 200, "heldout_seeds": 4,

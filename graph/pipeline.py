@@ -172,11 +172,23 @@ class Pipeline:
         out = self.run.rollouts(s.get("iteration", 0))
         trajs = rollout(bench, policy, self._task_ids(cfg.rollout_split, cfg.rollout_tasks), TrajectoryStore(out),
                         trials=cfg.trials, concurrency=cfg.agent.concurrency, split=cfg.rollout_split,
-                        passed_threshold=cfg.passed_threshold, step_timeout_s=cfg.agent.step_timeout)
+                        passed_threshold=cfg.passed_threshold, step_timeout_s=cfg.agent.step_timeout,
+                        max_steps=cfg.agent.max_steps, settings=self._settings(policy), strict=False)
         figs = next(iter(write_report(trajs, out, title=f"{policy.name} on {bench.name} [{cfg.rollout_split}]")
                          ["groups"].values()))
         return {"rollout_figures": [{"iteration": s.get("iteration", 0), "model": policy.name, "passed": figs["passed"],
                                      "episodes": figs["episodes"], "pass@1": figs["pass@1"], "tokens": figs["tokens"]}]}
+
+    def _settings(self, policy) -> dict:
+        """What each rollout records and must match to be reused (evals/rollout.py episode_settings): a
+        crashed stage resumed with other weights, benchmark code or prompt plays those episodes again."""
+        from trace_rl.evals.rollout import episode_settings
+
+        cfg = self.cfg
+        agent = cfg.agent_llm().model_copy(update={"flash_attn": cfg.flash_attn})
+        return episode_settings(self.comps.benchmark, cfg.benchmark, agent if policy is self.comps.agent else policy.name,
+                                max_steps=cfg.agent.max_steps, options=cfg.benchmark_options, user=cfg.user_model,
+                                passed_threshold=cfg.passed_threshold)
 
     # -- 2. contrastive analysis, then selection (+ human approval)
     def analyse(self, s: State) -> dict:
@@ -370,7 +382,7 @@ class Pipeline:
                                self.run.eval(s.get("iteration", 0)), split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                                skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
                                concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout,
-                               capabilities=[c for c in s.get("capabilities") or [] if c.status == "APPROVED"])
+                               max_steps=cfg.agent.max_steps, capabilities=[c for c in s.get("capabilities") or [] if c.status == "APPROVED"])
         finally:
             from trace_rl.models.llm import stop_lora_endpoints
 

@@ -59,6 +59,17 @@ class LLMConfig(BaseModel):
 
 
 # ---------------------------------------------------------------- local endpoints (one registry: models/endpoints.py)
+RESULT_FIELDS = ("model", "base_url", "temperature", "max_tokens", "lora", "flash_attn")  # what changes an answer
+
+
+def result_settings(llm: LLMConfig) -> dict:
+    """The fields of `llm` that change what it answers (not timeouts, retries, prices, nor how it is served),
+    with its weights' hash where that is cheap (models/weights.py model_hash)."""
+    from trace_rl.models.weights import model_hash
+
+    return {**{f: getattr(llm, f) for f in RESULT_FIELDS}, "model_sha256": model_hash(llm.model)}
+
+
 def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora: str | None = None,
                    flash_attn: bool = False) -> tuple[str, str]:
     """(base_url, served name) for a local model, starting one llama.cpp server per (model,

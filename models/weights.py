@@ -96,6 +96,25 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+_HASHES: dict[tuple, str] = {}
+
+
+def model_hash(model: str) -> str | None:
+    """The sha256 of a model's weights where it is cheap: an embedded model's pinned hash, a weights file's
+    (hashed once per process while its size and mtime stay); None for a model known only by name at an
+    endpoint, or a checkpoint folder."""
+    if model in MODELS:
+        return MODELS[model].sha256
+    path = Path(model).expanduser()
+    if not path.is_file():
+        return None
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        _HASHES[key] = sha256_file(path)
+    return _HASHES[key]
+
+
 def verify(model: EmbeddedModel, full: bool = False) -> bool:
     """True when the assembled file exists and matches the pinned hash.
 

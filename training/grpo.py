@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from trace_rl.core.episode import Guarded
 from trace_rl.core.io import atomic_write_json
@@ -59,7 +59,9 @@ class GRPOSettings(BaseModel):
     temperature: float = Field(1.0, gt=0, le=5)
     steps: int = Field(20, ge=1, description="optimizer steps (iterations)")
     hint_fraction: float = Field(0.25, ge=0, le=1, description="share of each group rolled out with the hint")
-    max_turns: int = Field(10, ge=1)
+    max_steps: int | None = Field(None, ge=1, validation_alias=AliasChoices("max_steps", "max_turns"),
+                                  description="agent steps per episode (one name with agent.max_steps and eval's "
+                                              "--max-steps); unset: the episode's own limit")
     max_turn_tokens: int = Field(256, ge=8, description="tokens the model may write per turn")
     max_seq_len: int = Field(4096, ge=256, description="prompt + whole episode, in tokens")
     resample_constant_groups: int = Field(2, ge=0, le=20)
@@ -74,9 +76,9 @@ PRESETS: dict[str, GRPOSettings] = {
     "paper": GRPOSettings(),
     # 2-core CPU: a few dozen short steps. A larger step size stands in for the paper's
     # 1,280 rollouts; the group is small, so more groups per step keep the signal steady.
-    "cpu": GRPOSettings(group_size=4, groups_per_step=2, learning_rate=2e-4, steps=30, max_turns=4,
+    "cpu": GRPOSettings(group_size=4, groups_per_step=2, learning_rate=2e-4, steps=30, max_steps=4,
                         max_turn_tokens=96, max_seq_len=2048, save_steps=5, hint_fraction=0.25),
-    "tiny": GRPOSettings(group_size=2, groups_per_step=1, learning_rate=1e-3, steps=2, max_turns=2,
+    "tiny": GRPOSettings(group_size=2, groups_per_step=1, learning_rate=1e-3, steps=2, max_steps=2,
                          max_turn_tokens=8, max_seq_len=1024, save_steps=1, log_kl=True),
 }
 
@@ -138,7 +140,7 @@ class TokenRollout:
             return False
         delta = env_turn_ids(self.tok, te.messages, obs.messages, ep.tools)
         te.messages += obs.messages
-        if te.turns >= self.s.max_turns:
+        if te.turns >= (self.s.max_steps or ep.max_steps):  # the user's limit, else the episode's own
             te.termination = "max_steps"
         elif len(te.gen_prompt_ids) + len(te.completion_ids) + len(delta) + self.s.max_turn_tokens > self.s.max_seq_len:
             te.termination = "context_length"

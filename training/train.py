@@ -94,7 +94,7 @@ def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base:
         ids = range(HELDOUT_START, HELDOUT_START + heldout_seeds)
         policy = HFPolicy(model, tok, tag, max_new_tokens=settings.max_turn_tokens, decode=decode)
         with env_benchmark(name, code, ids, sandbox) as bench:
-            trajs = rollout(bench, policy, [str(x) for x in ids], split="heldout", max_steps=settings.max_turns,
+            trajs = rollout(bench, policy, [str(x) for x in ids], split="heldout", max_steps=settings.max_steps,
                             store=TrajectoryStore(out.heldout("before" if tag == "base" else "after")))
         figs = next(iter(summarize(trajs).values()))
         return HeldOut(success=figs["pass@1"], mean_reward=figs["mean_reward"], episodes=figs["episodes"])

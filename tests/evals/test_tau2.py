@@ -147,7 +147,7 @@ def test_grpo_plays_a_telecom_task_turn_by_turn_and_tau2_scores_it_as_the_gold_r
         text = next(script)
         return [encode(tok, text) + [end] for _ in seqs]
 
-    settings = PRESETS["tiny"].model_copy(update={"max_turns": len(turns) + 1, "max_seq_len": 60000})
+    settings = PRESETS["tiny"].model_copy(update={"max_steps": len(turns) + 1, "max_seq_len": 60000})
     ep = bench.episode(tid, hinted=True)
     assert ep.plain_system_prompt == ep.system_prompt  # τ² has no hints
     [played] = TokenRollout(bench, tok, settings).run(generate, [tid], [True])

@@ -3,29 +3,8 @@ logic is under test; real-model tests use the embedded models."""
 from __future__ import annotations
 
 import json
-from typing import Callable
 
-from trace_rl.models.chat import Reply, ToolCall
-
-from trace_rl.models.llm import LLM, LLMConfig
-
-
-class ScriptedLLM(LLM):
-    """Answers from a script: a list of replies (str or Reply), or a function of the messages."""
-
-    def __init__(self, script: list | Callable[[list[dict], list | None], object], name: str = "scripted"):
-        super().__init__(LLMConfig(model=name))
-        self.script = script
-        self.requests: list[list[dict]] = []
-
-    def _complete(self, messages, tools, **kw) -> Reply:
-        self.requests.append(list(messages))
-        out = self.script(messages, tools) if callable(self.script) else self.script.pop(0)
-        if isinstance(out, Reply):
-            return out
-        if isinstance(out, ToolCall):
-            return Reply(content="", tool_calls=[out], prompt_tokens=10, completion_tokens=5)
-        return Reply(content=str(out), tool_calls=[], prompt_tokens=10, completion_tokens=5)
+from trace_rl.models.scripted import ScriptedLLM  # noqa: F401  (the public helper: tests import it from here too)
 
 
 def endpoint_error(status: int, message: str, code: str | None = None):
@@ -50,3 +29,23 @@ def labels_answer(items: list[dict]) -> str:
         rest = {k: v for k, v in item.items() if k not in ("trajectory", "capability")}
         out.setdefault(item["trajectory"], {})[item["capability"]] = rest
     return json.dumps(out)
+
+
+def cli_main(*args) -> tuple[int, str]:
+    """`trace-rl ARGS` in this process, as the console script runs it (monkeypatched models apply):
+    (exit code, what it printed)."""
+    import io
+    import sys
+
+    from trace_rl.graph import cli
+
+    real, cli.console.file = cli.console.file, io.StringIO()
+    sys.argv = ["trace-rl", *args]
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    finally:
+        out, cli.console.file = cli.console.file.getvalue(), real
+    return code, out

@@ -144,7 +144,7 @@ def config(**over):
     base = {"benchmark": "cities", "components": "graph_doubles:components", "calibrate": False, "builder_mode": "code",
             "analysis": {"n_candidates": 2, "n_runs": 3, "k": 2, "concurrency": 1},
             "verify": {"seeds": 6, "determinism_seeds": 1}, "build_rounds": 3, "max_capabilities": 2,
-            "grpo": {"group_size": 2, "groups_per_step": 1, "steps": 2, "max_turns": 2, "max_turn_tokens": 8,
+            "grpo": {"group_size": 2, "groups_per_step": 1, "steps": 2, "max_steps": 2, "max_turn_tokens": 8,
                      "max_seq_len": 1024, "save_steps": 1, "learning_rate": 1e-3},
             "train_seeds": 8, "heldout_seeds": 2, "compose": {"epochs": 1}, "auto_approve": True}
     for k, v in over.items():

@@ -27,7 +27,7 @@ def scripted_generate(tok, texts):
 def test_token_rollout_masks_environment_tokens_and_swaps_the_hint_back():
     tok = tiny_tokenizer()
     bench = LetterBench()
-    eps = TokenRollout(bench, tok, PRESETS["tiny"].model_copy(update={"max_turns": 4, "max_turn_tokens": 64})).run(
+    eps = TokenRollout(bench, tok, PRESETS["tiny"].model_copy(update={"max_steps": 4, "max_turn_tokens": 64})).run(
         scripted_generate(tok, [CALL, "aaaa"]), ["3", "3"], [True, False])
     hinted, plain = eps
     for e in eps:
@@ -44,10 +44,10 @@ def test_token_rollout_masks_environment_tokens_and_swaps_the_hint_back():
 
 def test_token_rollout_ends_on_turn_and_length_limits():
     tok = tiny_tokenizer()
-    s = PRESETS["tiny"].model_copy(update={"max_turns": 2, "max_turn_tokens": 64})
+    s = PRESETS["tiny"].model_copy(update={"max_steps": 2, "max_turn_tokens": 64})
     [e] = TokenRollout(LetterBench(), tok, s).run(scripted_generate(tok, [CALL]), ["1"], [False])
     assert e.termination == "max_steps" and e.turns == 2
-    s = PRESETS["tiny"].model_copy(update={"max_turns": 9, "max_seq_len": 600, "max_turn_tokens": 64})
+    s = PRESETS["tiny"].model_copy(update={"max_steps": 9, "max_seq_len": 600, "max_turn_tokens": 64})
     [e] = TokenRollout(LetterBench(), tok, s).run(scripted_generate(tok, [CALL]), ["1"], [False])
     assert e.termination == "context_length" and len(e.gen_prompt_ids) + len(e.completion_ids) <= 600
 
