@@ -41,6 +41,8 @@ def _schema_problems(args: dict | None, schema: dict) -> list[str]:
     out = [f"missing {k!r}" for k in required if k not in args]
     out += [f"unknown argument {k!r}" for k in args if props and k not in props]
     for k, v in args.items():
+        if v is None and k not in required:  # null for an optional argument is leaving it out: ToolSandbox's
+            continue                         # tools take it (their schemas say "number", their defaults are None)
         want = TYPES.get((props.get(k) or {}).get("type"))
         if want and not (isinstance(v, want) and (want is bool or not isinstance(v, bool))):  # True is no int
             out.append(f"{k!r} should be {(props[k])['type']}, got {type(v).__name__}")

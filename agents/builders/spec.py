@@ -20,13 +20,23 @@ def starter_spec(tools: list[dict], name: str = "") -> dict:
     """A minimal valid spec that code writes on the target's own tools (look a record up by its id,
     tell the user a code only the record holds), for the builder to extend: a worked example from another domain gets
     that domain's tools, ids and facts copied."""
-    for t in tools:
+    from trace_rl.agents.env_patterns import string_key
+
+    def rank(t):  # a read by id, then a read by another field, then a search (ToolSandbox has no read)
         behaviour, entity, key = suggest_behaviour(t["function"])
-        if behaviour["kind"] == "read" and "field" not in behaviour:
-            tool, arg = t["function"]["name"], behaviour["arg"]
-            break
-    else:
-        raise ValueError("the target has no tool that reads a record by its id: write the example by hand")
+        kind = behaviour["kind"]
+        required = set((t["function"].get("parameters") or {}).get("required") or [])
+        if kind not in ("read", "list") or not key or not string_key(t["function"], key) or required - {key}:
+            return None  # spec_env's ids are strings; the reference passes the key alone
+        return (kind == "list", "field" in behaviour)
+    ranked = sorted((r, i) for i, t in enumerate(tools) if (r := rank(t)) is not None)
+    if not ranked:
+        raise ValueError("the target has no tool that looks a record up by a string: write the example by hand")
+    fn = tools[ranked[0][1]]["function"]
+    tool, (_, entity, key) = fn["name"], suggest_behaviour(fn)
+    arg = key
+    behaviour = ({"kind": "list", "entity": entity, "where": {key: f"{{args.{key}}}"}} if ranked[0][0][0]
+                 else {"kind": "read", "entity": entity, "arg": key, **({"field": key} if ranked[0][0][1] else {})})
     # the answer is a value only the tool reveals: a word like "cancelled" is in the target's policy,
     # which the verifier's echo policy repeats (an answer leak)
     rid, code = f"{{task.{entity}.{key}}}", f"{{task.{entity}.reference_code}}"
