@@ -209,8 +209,8 @@ PRESETS: dict[str, dict] = {
     # 0.5B scores a partial similarity (few perfect): the contrast splits at similarity 0.5, said so in the report
     "demo": {
         "benchmark": "toolsandbox:base", "benchmark_options": {"user": "end"},
-        "rollout_split": "train", "eval_split": "test", "rollout_tasks": 8, "trials": 2,
-        "eval_tasks": 15, "eval_trials": 1, "base_model": "qwen2.5-coder-0.5b",
+        "rollout_split": "train", "eval_split": "test", "rollout_tasks": 6, "trials": 2,
+        "eval_tasks": 10, "eval_trials": 1, "base_model": "qwen2.5-coder-0.5b",
         "analyst": {"model": "qwen2.5-coder-0.5b", "max_tokens": 1024},
         "builder": {"model": "qwen2.5-coder-0.5b", "max_tokens": 2500},
         "agent": {"max_steps": 8, "max_tokens": 128, "temperature": 0.7},
@@ -226,7 +226,7 @@ PRESETS: dict[str, dict] = {
                                                     "log_kl": False},
         "train_seeds": 200, "heldout_seeds": 4,
         # the base row and each adapter alone run on llama.cpp (GGUF LoRA); router and moe decode in-process (fp32, slow)
-        "eval_modes": ["base", "moe"], "eval_mode_tasks": {"base": 15, "moe": 3},
+        "eval_modes": ["base", "moe"], "eval_mode_tasks": {"base": 10, "moe": 2},
         "approvals": ["capabilities", "environments"], "auto_approve": True,
     },
 }
