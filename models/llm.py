@@ -124,7 +124,7 @@ def vllm_served(llm: LLMConfig, rows: int = 64, *, lora_capable: bool = False, w
     def make():
         from trace_rl.models.weights import hf_checkpoint
 
-        return VllmServer(str(weights or hf_checkpoint(llm.model)), served_name=llm.model, max_model_len=llm.n_ctx,
+        return VllmServer(str(hf_checkpoint(weights or llm.model)), served_name=llm.model, max_model_len=llm.n_ctx,
                           max_num_seqs=rows, gpu_memory_utilization=gpu_memory,
                           enable_lora=lora_capable or bool(llm.lora))
     srv = ENDPOINTS.get(("vllm", llm.model), make)
