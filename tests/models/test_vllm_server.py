@@ -87,6 +87,7 @@ def fake_vllm(monkeypatch):
         monkeypatch.setattr(StartedElsewhere, "fake_port", fake.port)
         monkeypatch.setattr(vllm_server, "VllmServer", StartedElsewhere)
         monkeypatch.setattr("trace_rl.models.llm.ENDPOINTS", Endpoints())
+        monkeypatch.setattr("trace_rl.models.weights.hf_checkpoint", lambda name: Path(name))  # no conversion here
         yield fake
 
 
@@ -125,6 +126,9 @@ def test_the_pipeline_under_vllm_serves_adapter_rows_from_the_base_models_lora_s
     analyst.chat([{"role": "user", "content": "hi"}])
     row = comps.lora_agent(str(tmp_path / "train" / "lookup" / "adapter"))
     assert row.backend == "vllm" and row.config.model.startswith("lookup-")
+    from trace_rl.graph.pipeline import Pipeline  # GRPO's groups: the same server (LoRA on, the weights trained on)
+
+    assert Pipeline(tmp_path / "run", cfg)._rollout_server() == fake_vllm.base_url
     plain = load_config(overrides={"serve": "hf", "benchmark": "toolsandbox"})
     assert default_components(plain).lora_agent is None  # the engine server serves no adapter: in-process rows
 
