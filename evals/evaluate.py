@@ -15,6 +15,12 @@ from trace_rl.evals.report import plot_pass_rates, summarize
 from trace_rl.evals.rollout import rollout
 
 
+def backend(policy) -> str:
+    """What produced a row's answers: llama.cpp, vllm, engine (this project's: its server under serve=hf, or
+    in-process, as the router and the moe always are) or endpoint (a base_url of the user's)."""
+    return getattr(policy, "backend", "engine")
+
+
 def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str | Path, *, split: str,
              trials: int = 1, skipped: dict[str, str] | None = None, mode_tasks: dict[str, int] | None = None,
              passed_threshold: float | None = None, concurrency: int = 1,
@@ -23,7 +29,8 @@ def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str
     """{mode: figures | {"skipped": why}}; writes out_dir/<mode>/ stores, report.json and report.png.
     `mode_tasks` gives some modes fewer tasks (slow in-process decoding); each row states its count.
     `capabilities`: each mode's figures get "transfer", the code-measured rate
-    of the failure each capability is about (evals/facts.py), a result even when no task passes."""
+    of the failure each capability is about (evals/facts.py), a result even when no task passes.
+    Each row says which `backend` produced it."""
     out, results, series = EvalDir(out_dir), {}, {}
     for mode, policy in policies.items():
         n = (mode_tasks or {}).get(mode)
@@ -31,7 +38,8 @@ def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str
                         split=split, passed_threshold=passed_threshold, concurrency=concurrency,
                         step_timeout_s=step_timeout_s, max_steps=max_steps)
         series[mode] = summarize(trajs)
-        results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name}
+        results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name,
+                         "backend": backend(policy)}
         if capabilities:
             results[mode]["transfer"] = transfer_metrics(trajs, capabilities, bench.spec()["tools"])
     results.update({m: {"skipped": why} for m, why in (skipped or {}).items()})

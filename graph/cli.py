@@ -31,12 +31,29 @@ app.add_typer(benchmarks_app, name="benchmarks")
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
 DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or inductor (fused by torch.compile)"
 FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
+SERVE = "llama.cpp (CPU), hf (the batching engine: a GPU) or vllm (vLLM's server: a GPU, `pip install trace-rl[vllm]`)"
+SERVES = ("llama.cpp", "hf", "vllm")
 
 
 def _fail(message: str):
     """Bad input: one line and exit code 2 (main() does the same for the errors it catches)."""
     console.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(2)
+
+
+def _check_serve(serve: str | None) -> None:
+    """A known --serve, and for vllm an importable vllm: one line now, not a traceback when the first model starts."""
+    if serve is None:
+        return
+    if serve not in SERVES:
+        _fail(f"--serve {serve!r}: use {', '.join(SERVES)}")
+    if serve == "vllm":
+        from trace_rl.models.vllm_server import VllmMissing, require_vllm
+
+        try:
+            require_vllm(f"--serve {serve}")
+        except VllmMissing as err:
+            _fail(escape(str(err)))  # its [vllm] is not rich markup
 
 
 @models_app.command("fetch")
@@ -77,12 +94,36 @@ def models_path(name: str, hf: bool = typer.Option(False, help="path of the tran
 @app.command()
 def serve(model: str = typer.Argument("qwen2.5-coder-0.5b", help="embedded model name or .gguf path"),
           port: int = typer.Option(8080, help="port on 127.0.0.1"), n_ctx: int = 8192,
-          flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
-    """Serve a local model over llama.cpp's OpenAI-compatible API until Ctrl-C."""
-    from trace_rl.models.llama_server import LlamaServer
+          flash_attn: bool = typer.Option(False, help=FLASH_ATTN),
+          serve_: str = typer.Option("llama.cpp", "--serve", help=SERVE),
+          lora: list[str] = typer.Option(None, help="vllm: an adapter NAME=FOLDER served beside the base, a request "
+                                                    "naming NAME gets it (repeatable)"),
+          rows: int = typer.Option(64, min=1, help="hf/vllm: requests decoded together"),
+          gpu_memory: float = typer.Option(0.85, min=0.05, max=0.95, help="vllm: its share of the GPU")):
+    """Serve a local model over an OpenAI-compatible API (llama.cpp, the engine or vLLM) until Ctrl-C."""
+    _check_serve(serve_)
+    if bad := [x for x in lora or [] if "=" not in x]:
+        _fail(f"--lora takes NAME=FOLDER, got {bad[0]!r}")
+    loras = dict(x.split("=", 1) for x in lora or [])
+    if loras and serve_ != "vllm":
+        _fail("--lora: adapters beside the base are served by --serve vllm")
+    if serve_ == "vllm":
+        from trace_rl.models.vllm_server import VllmServer
+        from trace_rl.models.weights import hf_checkpoint
 
-    with console.status(f"starting llama.cpp for {model} ..."):
-        srv = LlamaServer(model, port=port, n_ctx=n_ctx, flash_attn=flash_attn).start()
+        make = lambda: VllmServer(str(hf_checkpoint(model)), served_name=model, port=port, max_model_len=n_ctx,  # noqa: E731
+                                  max_num_seqs=rows, gpu_memory_utilization=gpu_memory,
+                                  lora_modules={k: str(v) for k, v in loras.items()}, enable_lora=bool(loras))
+    elif serve_ == "hf":
+        from trace_rl.models.engine_server import HFServer
+
+        make = lambda: HFServer(model, port=port, rows=rows, max_len=n_ctx)  # noqa: E731
+    else:
+        from trace_rl.models.llama_server import LlamaServer
+
+        make = lambda: LlamaServer(model, port=port, n_ctx=n_ctx, flash_attn=flash_attn)  # noqa: E731
+    with console.status(f"starting {serve_} for {model} ..."):
+        srv = make().start()
     console.print(f"[green]serving[/] {srv.model_name} at {srv.base_url}  (Ctrl-C stops)")
     try:
         with suppress(KeyboardInterrupt):
@@ -145,7 +186,7 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
                                                                       "(a hung or dripping endpoint: llm_error)"),
              step_timeout: float = typer.Option(600.0, min=1, help="seconds one benchmark call may take (a hung "
                                                                    "one: env_timeout)"),
-             serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)"),
+             serve: str = typer.Option("llama.cpp", help=SERVE),
              decode: str = typer.Option("auto", help=DECODE),
              flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
@@ -158,10 +199,9 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     from trace_rl.models.llm import served
 
     agent = AgentSettings()
-    if serve not in ("llama.cpp", "hf"):
-        _fail(f"--serve {serve!r}: use llama.cpp or hf")
+    _check_serve(serve)
     user = LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0, flash_attn=flash_attn) \
-        if user_model or user_base_url or serve == "hf" else None
+        if user_model or user_base_url or serve != "llama.cpp" else None
     offer = {"max_steps": max_steps, "user_llm": user and served(user, serve, 2 * concurrency, decode)}
     options = _overrides(bench_opt, "--bench-opt")
     bench = load_benchmark(benchmark, options=options, offer=offer)
@@ -240,6 +280,7 @@ def _overrides(pairs: list[str], flag: str = "--set") -> dict:
 def _drive(run_dir, cfg, resume: bool, wait: bool, web: bool, port: int, until: str | None = None) -> None:
     from trace_rl.graph.pipeline import drive
 
+    _check_serve(cfg.serve)  # serve=vllm without vllm: one line before anything runs
     t0 = time.perf_counter()
     out = drive(run_dir, cfg, resume=resume, wait=wait, web_port=port if web else None, until=until,
                 log=lambda msg: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(msg)}"))
@@ -292,7 +333,8 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         port: int = typer.Option(8765, help="approval page port"),
         until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
                                              "train on a GPU machine with `trace-rl resume`)"),
-        show_config: bool = typer.Option(False, help="print the resolved config and exit")):
+        show_config: bool = typer.Option(False, help="print the resolved config and exit"),
+        serve: str = typer.Option(None, help=SERVE + " (= --set serve=...); default: the config's")):
     """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
     from trace_rl.graph.config import load_config, stage_fingerprints
     from trace_rl.graph.pipeline import check_until, saved_fingerprints
@@ -303,6 +345,9 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         over["benchmark_options"] = {**over.get("benchmark_options", {}), **_overrides(bench_opt, "--bench-opt")}
     if auto_approve is not None:
         over["auto_approve"] = auto_approve
+    if serve is not None:
+        _check_serve(serve)
+        over["serve"] = serve
     cfg = load_config(config, preset, over)
     if show_config:
         typer.echo(json.dumps(cfg.model_dump(), indent=2))
@@ -443,7 +488,9 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
                                               "the run's train step finds the adapter"),
           sandbox: str = typer.Option(None, help="docker, or subprocess where Docker is not (environments verified "
                                                  "in Docker only); default: the run config's"),
-          decode: str = typer.Option(None, help=DECODE)):
+          decode: str = typer.Option(None, help=DECODE),
+          serve: str = typer.Option(None, help="vllm: GRPO's groups are generated by a vLLM server of --model, the "
+                                               "adapter pushed to it after each step; default: the engine in-process")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
@@ -459,6 +506,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     if bool(env) == bool(target):
         _fail("give an environment module (ENV) or --target BENCHMARK, not both or neither")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
+    _check_serve(serve)
     if target:
         from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
@@ -467,8 +515,13 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
                  "max_steps": settings.max_steps}  # one limit: a benchmark that plays steps itself gets it too
         bench = load_benchmark(target, options=_overrides(bench_opt, "--bench-opt"), offer=offer)
         ids = [t.id for t in bench.tasks(split)]  # a bad benchmark or split: main() says so in one line
+        rollout_url = None
+        if serve == "vllm":
+            from trace_rl.models.llm import served
+
+            rollout_url = served(LLMConfig(model=model), "vllm", lora_capable=True).base_url
         rec = train_on_target(bench, ids, RunDir(out).train_target, lambda: load_model(model), settings,
-                              log=console.print, decode=decode or "auto")
+                              log=console.print, decode=decode or "auto", rollout_url=rollout_url)
         console.print(f"[bold]grpo_target[/]: {rec.steps} GRPO steps on {len(ids)} {split} tasks; adapter "
                       f"{rec.adapter}; curve {rec.curve}")
         return
@@ -477,7 +530,7 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail(f"no environment module at {env}")
     name = name or code_path.stem
     cfg = _stage_config(RunDir(out), {"train_model": model, "grpo": settings.model_dump(), "train_seeds": train_seeds,
-                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode})
+                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode, "serve": serve})
     entry = Pipeline(out, cfg, log=console.print).train_env(name, str(code_path.resolve()),
                                                             Capability(name=name, description=name))
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports
@@ -503,7 +556,7 @@ def build(run_dir: str = typer.Argument(..., help="run directory analysed by `tr
                                               "Python module), auto (pattern for an embedded model; the default)"),
           review: bool = typer.Option(True, help="LLM review of env code and episodes (the builder's model)"),
           calibrate: str = typer.Option(None, help="calibrate with this base model (e.g. qwen2.5-coder-0.5b)"),
-          serve: str = typer.Option(None, help="llama.cpp (CPU) or hf (the batching engine: a GPU); default: the "
+          serve: str = typer.Option(None, help="llama.cpp (CPU), hf (the batching engine: a GPU) or vllm; default: the "
                                                "run's"),
           set_: list[str] = typer.Option(None, "--set", help="a verifier setting, e.g. --set calib_seeds=10 "
                                                             "(the run config's `verify:` fields)")):
@@ -554,7 +607,9 @@ def _stage_config(run: RunDir, options: dict):
     def given(d: dict) -> dict:  # unset options leave the config as it is
         return {k: given(v) if isinstance(v, dict) else v for k, v in d.items()
                 if v is not None and (not isinstance(v, dict) or given(v))}
-    return config_for(run, given(options))
+    cfg = config_for(run, given(options))
+    _check_serve(cfg.serve)
+    return cfg
 
 
 def sample_turns(traj, n: int = 4) -> str:
@@ -590,7 +645,7 @@ def analyze(run_dir: str = typer.Argument(..., help="run directory holding rollo
             model: str = typer.Option(None, help="analyst model (default: the run config's analyst.model)"),
             base_url: str = typer.Option(None, help="OpenAI-compatible endpoint serving --model"),
             max_tokens: int = typer.Option(None, min=16, help="analyst answer length (default: analyst.max_tokens)"),
-            serve: str = typer.Option(None, help="llama.cpp (CPU) or hf (the batching engine: a GPU); default: the "
+            serve: str = typer.Option(None, help="llama.cpp (CPU), hf (the batching engine: a GPU) or vllm; default: the "
                                                  "run's"),
             set_: list[str] = typer.Option(None, "--set", help="an analysis setting, e.g. --set n_runs=10 --set k=8 "
                                                               "(the run config's `analysis:` fields)")):

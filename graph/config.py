@@ -70,10 +70,14 @@ class RunConfig(Strict):
                                             "{moe: 2} where in-process decoding is slow; the table states each row's count")
     base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
     base_url: str | None = None
-    serve: Literal["llama.cpp", "hf"] = Field("llama.cpp", description="how models without a base_url are served: "
-                                              "llama.cpp (a CPU) or hf (transformers + the batching engine, an "
-                                              "OpenAI-compatible server per model: a GPU machine)")
-    serve_rows: int = Field(64, ge=1, le=4096, description="serve=hf: conversations each server decodes together")
+    serve: Literal["llama.cpp", "hf", "vllm"] = Field(
+        "llama.cpp", description="how models without a base_url are served: llama.cpp (a CPU), hf (transformers + "
+                                 "the batching engine, an OpenAI-compatible server per model: a GPU machine) or vllm "
+                                 "(vLLM's server per model, adapters as LoRA requests, GRPO's rollouts through it; the "
+                                 "router and the moe stay on the engine); how this machine runs the run, not a result")
+    serve_rows: int = Field(64, ge=1, le=4096, description="serve=hf/vllm: conversations each server decodes together")
+    vllm_gpu_memory: float = Field(0.4, gt=0, le=0.95, description="serve=vllm: each vLLM server's share of the GPU "
+                                   "(the engine's rows and training share it)")
     decode: Literal["auto", "eager", "graph", "inductor"] = Field(
         "auto", description="in-process generation (models/engine.py): graph = the decode step as one CUDA graph "
                             "(auto on a GPU), inductor = fused by torch.compile first (faster, ~35-55 s of compiling "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import json
 import operator
+import os
 import sqlite3
 import threading
 import time
@@ -86,8 +87,9 @@ class Components:
     calibration: Any | None  # base-model policy for environment calibration
     load_base: Callable[[], tuple]  # fresh (transformers model, tokenizer) of the base
     after_node: Callable[[str], None] | None = None
-    # adapter folder (None: no adapter) -> the base agent with that one LoRA on llama.cpp (GGUF LoRA), greedy like
-    # the in-process rows; None: single-adapter rows decode in-process, and so does the base row once composed
+    # adapter folder (None: no adapter) -> the base agent with that one LoRA on llama.cpp (GGUF LoRA) or on vLLM (a
+    # LoRA request), greedy like the in-process rows; None: single-adapter rows decode in-process, and so does the
+    # base row once composed
     lora_agent: Callable[[str | None], Any] | None = None
     labeller: Any | None = None  # labels the analysis' pairs; None: the analyst
 
@@ -114,14 +116,17 @@ def default_components(cfg: RunConfig) -> Components:
     from trace_rl.models.hf_policy import load_model
     from trace_rl.models.llm import LLM, served
 
-    def serve(llm):
+    def serve(llm):  # under vllm the base model's server serves its adapters too, from the weights they trained on
+        base = llm.model == cfg.base_model
         return served(llm.model_copy(update={"flash_attn": True}) if cfg.flash_attn else llm, cfg.serve,
-                      cfg.serve_rows, cfg.decode)
+                      cfg.serve_rows, cfg.decode, lora_capable=base, weights=cfg.train_model if base else None,
+                      gpu_memory=cfg.vllm_gpu_memory)
     agent = OnFirstUse(lambda: LLM(serve(cfg.agent_llm())))
     opts = lambda: {"max_steps": cfg.agent.max_steps, "user_llm": serve(  # noqa: E731
         cfg.user_model or cfg.agent_llm().model_copy(update={"temperature": 0.0}))}
-    # adapters are trained on the GGUF's own weights (no train_model): llama.cpp can apply them to that GGUF
-    by_llama_cpp = cfg.serve == "llama.cpp" and not cfg.agent_llm().base_url and not cfg.train_model
+    # adapters are trained on the GGUF's own weights (no train_model): llama.cpp can apply them to that GGUF;
+    # vLLM serves the weights they were trained on (train_model, or the GGUF's transformers checkpoint)
+    by_server = not cfg.agent_llm().base_url and (cfg.serve == "vllm" or cfg.serve == "llama.cpp" and not cfg.train_model)
     return Components(
         benchmark=OnFirstUse(lambda: load_benchmark(cfg.benchmark, options=cfg.benchmark_options, offer=opts())),
         agent=agent,
@@ -130,7 +135,7 @@ def default_components(cfg: RunConfig) -> Components:
         labeller=OnFirstUse(lambda: LLM(serve(cfg.labeller))) if cfg.labeller else None,
         load_base=lambda: load_model(cfg.train_model or cfg.base_model),
         lora_agent=(lambda adapter: LLM(serve(cfg.agent_llm().model_copy(update={
-            "lora": str(adapter) if adapter else None, "temperature": 0.0})))) if by_llama_cpp else None)
+            "lora": str(adapter) if adapter else None, "temperature": 0.0})))) if by_server else None)
 
 
 # ---------------------------------------------------------------- the nodes: each calls one stage function
@@ -301,7 +306,8 @@ class Pipeline:
         cfg = self.cfg
         return train_capability(name, env, self.run.train(name), self.comps.load_base, cfg.grpo, trained_on=trained_on,
                                 train_seeds=cfg.train_seeds, heldout_seeds=cfg.heldout_seeds, substitute=substitute,
-                                log=self.log, decode=cfg.decode, sandbox=cfg.sandbox)
+                                log=self.log, decode=cfg.decode, sandbox=cfg.sandbox,
+                                rollout_url=self._rollout_server())
 
     # -- 5. composition and evaluation
     def compose(self, s: State) -> dict:
@@ -323,8 +329,21 @@ class Pipeline:
         trace_steps = sum(a.steps or 0 for a in (s.get("adapters") or {}).values())
         grpo = self.cfg.grpo.model_copy(update={"steps": trace_steps or self.cfg.grpo.steps})
         record = train_on_target(self.comps.benchmark, self._task_ids(self.cfg.rollout_split, self.cfg.rollout_tasks),
-                                 self.run.train_target, self.comps.load_base, grpo, log=self.log, decode=self.cfg.decode)
+                                 self.run.train_target, self.comps.load_base, grpo, log=self.log, decode=self.cfg.decode,
+                                 rollout_url=self._rollout_server())
         return {"target_adapter": record}
+
+    def _rollout_server(self) -> str | None:
+        """serve=vllm: the base model's vLLM server (LoRA on, the weights GRPO trains on), where GRPO generates
+        its groups with the adapter pushed after each step; None: the engine in-process (any other serve, and
+        data-parallel training, where each process would start a server of its own)."""
+        cfg = self.cfg
+        if cfg.serve != "vllm" or cfg.agent_llm().base_url or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return None
+        from trace_rl.models.llm import served
+
+        return served(cfg.agent_llm(), "vllm", cfg.serve_rows, lora_capable=True, weights=cfg.train_model,
+                      gpu_memory=cfg.vllm_gpu_memory).base_url
 
     def _composition(self):
         from trace_rl.training.compose import load
@@ -339,8 +358,9 @@ class Pipeline:
         return self.cfg.agent.concurrency if next(model.parameters()).device.type == "cuda" else None
 
     def _llama_cpp_rows(self, s: State) -> dict:
-        """The composition's rows that llama.cpp can serve (the base, and each adapter alone as a GGUF LoRA):
-        on a CPU and τ²'s long prompts much faster than in-process fp32. The router and the moe stay in-process."""
+        """The composition's rows that llama.cpp or vLLM can serve (the base, and each adapter alone: a GGUF LoRA,
+        a vLLM LoRA request): on a CPU and τ²'s long prompts much faster than in-process fp32. The router and the
+        moe stay in-process, on the engine."""
         if not self.comps.lora_agent:
             return {}
         from trace_rl.training.compose import adapter_names

@@ -134,18 +134,19 @@ def eval_note(r: dict, mode: str, figures: dict) -> str:
     return "; ".join(x for x in ((r.get("notes") or {}).get(mode, ""), where) if x)
 
 
-EVAL_COLUMNS = ("mode", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward (95% CI)", "note")
+EVAL_COLUMNS = ("mode", "backend", "tasks × trials", "pass@1", "95% CI", "passed", "mean reward (95% CI)", "note")
 
 
 def evaluation_rows(r: dict) -> list[list[str]]:
     """The before/after table of a report (`report_data`'s evaluation and notes), one row per
-    mode: report.md and `trace-rl status` print the same cells."""
+    mode: report.md and `trace-rl status` print the same cells. `backend`: what produced the row (llama.cpp,
+    vllm, engine; "–" in runs evaluated before rows recorded it)."""
     rows = []
     for mode, g in (r.get("evaluation") or {}).items():
         if "skipped" in g:
-            rows.append([mode, "–", "–", "–", "–", "–", f"not evaluated: {g['skipped']}"])
+            rows.append([mode, "–", "–", "–", "–", "–", "–", f"not evaluated: {g['skipped']}"])
             continue
-        rows.append([mode, f"{g['tasks']} × {g.get('trials', 1)}", f"{g['pass@1']:.1%}",
+        rows.append([mode, g.get("backend") or "–", f"{g['tasks']} × {g.get('trials', 1)}", f"{g['pass@1']:.1%}",
                      f"{g['ci95'][0]:.0%}–{g['ci95'][1]:.0%}", f"{g['passed']}/{g['episodes']}",
                      f"{g['mean_reward']:.2f}" + (f" ({g['reward_ci95'][0]:.2f}–{g['reward_ci95'][1]:.2f})"
                                                   if g.get("reward_ci95") else ""), eval_note(r, mode, g)])

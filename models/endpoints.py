@@ -1,6 +1,6 @@
 """The servers this project starts, in one registry: an OpenAI-compatible server per model in a child
 process that ends with this one (llama.cpp: models/llama_server.py; the engine's: models/engine_server.py;
-a vLLM server would be one more `ServerProcess` subclass), started once per key, stopped together."""
+vLLM's: models/vllm_server.py), started once per key, stopped together."""
 from __future__ import annotations
 
 import atexit
@@ -46,13 +46,18 @@ class ServerProcess:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def env(self) -> dict[str, str] | None:
+        """The child's environment (None: this process's own)."""
+        return None
+
     def start(self) -> "ServerProcess":
         self.port = self.port or free_port()
         cmd = self.command()
         self.log_path = log_path = cache_dir() / "logs" / f"{type(self).__name__}-{self.port}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=self.env())
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -117,6 +122,12 @@ class Endpoints:
                 srv = self._servers[key] = make().start()
                 atexit.register(srv.stop)
             return self._servers[key]
+
+    def kind_of(self, base_url: str | None) -> str | None:
+        """Which kind of server (a key's first item: "llama.cpp", "hf", "vllm") answers at `base_url`;
+        None for an endpoint this process did not start."""
+        with self._lock:
+            return next((k[0] for k, srv in self._servers.items() if base_url and srv.base_url == base_url), None)
 
     def stop(self, which: Callable[[tuple], bool]) -> int:
         """Stop the servers whose key `which` accepts (a later `get` starts them again); how many."""

@@ -89,21 +89,49 @@ def local_endpoint(model: str, n_ctx: int = 16384, instance: str = "agent", lora
     return srv.base_url, srv.model_name
 
 
-def served(llm: LLMConfig, serve: str, rows: int = 64, decode: str = "auto") -> LLMConfig:
+def served(llm: LLMConfig, serve: str, rows: int = 64, decode: str = "auto", *, lora_capable: bool = False,
+           weights: str | None = None, gpu_memory: float = 0.4) -> LLMConfig:
     """An LLMConfig as the run reaches it: unchanged with a base_url or under llama.cpp (served on
     first use by `local_endpoint`); under serve=hf, pointed at one engine server per model (started once;
-    `decode`: its engine's decode step, models/engine.py)."""
+    `decode`: its engine's decode step, models/engine.py); under serve=vllm, at one vLLM server per model
+    (models/vllm_server.py), an adapter (`lora`) being a LoRA request to it: the config then names the
+    adapter as its model. vLLM's options: `lora_capable` starts that model's server with LoRA (the run's base
+    model, whose adapters it will serve), `weights` the folder it loads (default: the model's transformers
+    checkpoint), `gpu_memory` its share of the GPU."""
+    if serve == "vllm" and not llm.base_url:
+        return vllm_served(llm, rows, lora_capable=lora_capable, weights=weights, gpu_memory=gpu_memory)
     if serve != "hf" or llm.base_url:
         return llm
     if llm.lora:
-        raise ValueError(f"lora: {llm.lora!r} is applied by llama.cpp; the engine server (serve=hf) serves base "
-                         "models only: use serve=llama.cpp, or evaluate the adapter in-process")
+        raise ValueError(f"lora: {llm.lora!r} is applied by llama.cpp or vLLM; the engine server (serve=hf) serves "
+                         "base models only: use serve=llama.cpp or serve=vllm, or evaluate the adapter in-process")
 
     def make():
         from trace_rl.models.engine_server import HFServer
 
         return HFServer(llm.model, rows=rows, max_len=llm.n_ctx, decode=decode)
     return llm.model_copy(update={"base_url": ENDPOINTS.get(("hf", llm.model), make).base_url})
+
+
+def vllm_served(llm: LLMConfig, rows: int = 64, *, lora_capable: bool = False, weights: str | None = None,
+                gpu_memory: float = 0.4) -> LLMConfig:
+    """serve=vllm: `llm` pointed at the vLLM server of its model (started once, by the first caller: with
+    LoRA if that caller or `llm` needs it); an adapter is loaded into it and named as the model."""
+    from trace_rl.models.vllm_server import VllmServer, require_vllm
+
+    require_vllm()
+
+    def make():
+        from trace_rl.models.weights import hf_checkpoint
+
+        return VllmServer(str(hf_checkpoint(weights or llm.model)), served_name=llm.model, max_model_len=llm.n_ctx,
+                          max_num_seqs=rows, gpu_memory_utilization=gpu_memory,
+                          enable_lora=lora_capable or bool(llm.lora))
+    srv = ENDPOINTS.get(("vllm", llm.model), make)
+    update = {"base_url": srv.base_url, "lora": None}
+    if llm.lora:
+        update["model"] = srv.adapter(llm.lora)
+    return llm.model_copy(update=update)
 
 
 def stop_lora_endpoints() -> int:
@@ -126,6 +154,15 @@ class LLM:
     @property
     def name(self) -> str:
         return f"{self.config.model}+{self.config.lora}" if self.config.lora else self.config.model
+
+    @property
+    def backend(self) -> str:
+        """What produces this model's answers: llama.cpp, vllm, engine (this project's, serve=hf) or endpoint
+        (a base_url this process did not start); an evaluation row records it."""
+        if not self.config.base_url:
+            return "llama.cpp"
+        kind = ENDPOINTS.kind_of(self.config.base_url)
+        return {"hf": "engine"}.get(kind, kind) if kind else "endpoint"
 
     def _openai(self):
         if self._client is None:

@@ -5,7 +5,9 @@ default, checkpoints, TensorBoard); our `rollout_func` plays whole multi-turn to
 
 - the episodes of a step run in lockstep, one batched turn at a time in the static-cache engine
   (models/engine.py: caches kept between turns, the group's prompt computed once, the decode
-  step one CUDA graph on a GPU), or trl's vLLM generation (`use_vllm`);
+  step one CUDA graph on a GPU), or trl's vLLM generation (`use_vllm`: colocated, trl merges the
+  adapter into vLLM's weights), or a vLLM server (`rollout_url`, serve=vllm: the adapter alone is
+  pushed to it before each step's rollouts, `VllmRollouts`);
 - the model's own tokens are kept exactly as sampled; tool results and the next turn's
   header are rendered by the chat template and masked from the loss (`env_mask`);
 - a `hint_fraction` of each group sees the environment's hint appended to its system
@@ -175,6 +177,44 @@ class TokenRollout:
         return [te for te, _ in pairs]
 
 
+class VllmRollouts:
+    """GRPO's generation on a vLLM server of the same base weights (serve=vllm), the paper's recipe: before each
+    step's rollouts the adapter as trained so far is saved (a few MB at r=16) and loaded by the server under a new
+    name (`/v1/load_lora_adapter`; the previous step's is unloaded). A new name per step, not `load_inplace`: vLLM's
+    prefix cache is keyed by the adapter's id, so cached blocks of the old weights would be reused in place.
+    Each turn of the live episodes is one `/v1/completions` request with their token ids (they decode together,
+    continuous batching); the tokens come back as sampled. Only the adapter moves: the base weights are not merged.
+    Sampling is vLLM's (bf16, its kernels): the loss recomputes the old log-probs with the training model, as with
+    the engine (rollout_func returns no logprobs)."""
+
+    def __init__(self, base_url: str, folder: Path, name: str, stops: list[int], temperature: float):
+        self.base_url, self.folder, self.name, self.stops, self.temperature = base_url, Path(folder), name, stops, temperature
+        self.current: str | None = None
+
+    def push(self, model, step: int) -> str:
+        """Save `model`'s adapter (a peft model) and load it into the server; its served name."""
+        from trace_rl.models.vllm_server import load_lora, unload_lora
+
+        path = self.folder / f"step-{step}"
+        if path.exists():
+            shutil.rmtree(path)
+        model.save_pretrained(str(path))
+        name = f"{self.name}-s{step}"
+        load_lora(self.base_url, name, path)
+        if self.current and self.current != name:
+            unload_lora(self.base_url, self.current)
+            shutil.rmtree(self.folder / f"step-{self.current.rsplit('-s', 1)[1]}", ignore_errors=True)
+        self.current = name
+        return name
+
+    def generate(self, seqs: list[list[int]], n: int) -> list[list[int]]:
+        from trace_rl.models.vllm_server import complete_ids
+
+        if self.current is None:
+            raise RuntimeError("VllmRollouts.generate before push: no adapter on the server yet")
+        return complete_ids(self.base_url, self.current, seqs, n, self.temperature, self.stops)
+
+
 def hinted_slots(group_size: int, fraction: float) -> list[bool]:
     """Which members of a group see the hint: the first round(G * fraction)."""
     k = round(group_size * fraction)
@@ -271,7 +311,8 @@ class CapabilityGRPO:
     adapter/ (the result), curve.png."""
 
     def __init__(self, model, tokenizer, bench, task_ids: list[str], out_dir: str | Path,
-                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter", decode: str = "auto"):
+                 settings: GRPOSettings = GRPOSettings(), name: str = "adapter", decode: str = "auto",
+                 rollout_url: str | None = None):
         if not task_ids:
             raise ValueError("GRPO needs at least one training task id")
         self.model, self.tok, self.bench, self.task_ids = model, tokenizer, bench, list(task_ids)
@@ -281,11 +322,16 @@ class CapabilityGRPO:
         # each data-parallel process plays its own groups and keeps its own episode store
         self.store = TrajectoryStore(self.out.rollouts(self.rank if self.world > 1 else None))
         self.trainer = self.engine = None
+        self.server = VllmRollouts(rollout_url, self.out.root / "vllm_adapter", f"grpo-{name}-r{self.rank}",
+                                   stop_ids(tokenizer), settings.temperature) if rollout_url else None
 
     # -- generation backends
     def _generator(self, trainer) -> Generate:
         if trainer.use_vllm:  # trl syncs the LoRA-updated weights into vLLM before each rollout_func call
             return lambda seqs, n: trainer.vllm_generation.generate(seqs, None, 1)[1]
+        if self.server:  # the adapter as it is now, pushed to the vLLM server; the step's turns are generated there
+            self.server.push(trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step)
+            return self.server.generate
         # the step's episodes decode together; each keeps its cache between turns, the group's
         # shared prompt is computed once; the weights changed since the last step: nothing is reused
         if self.engine is None:

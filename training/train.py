@@ -30,16 +30,18 @@ def env_benchmark(name: str, code: str, seeds: range, sandbox: str | None = None
 
 
 def grpo(name: str, bench, task_ids: list[str], load_base: Callable[[], tuple], out: GRPODir, settings: GRPOSettings,
-         log=print, decode: str = "auto") -> tuple[str, int, str | None, bool]:
+         log=print, decode: str = "auto", rollout_url: str | None = None) -> tuple[str, int, str | None, bool]:
     """(adapter path, steps, curve PNG, untrained) of GRPO on `bench`'s `task_ids` — from disk when
-    the adapter is already there. `decode`: the engine's decode step (the run config's `decode`)."""
+    the adapter is already there. `decode`: the engine's decode step (the run config's `decode`);
+    `rollout_url`: a vLLM server of the same base weights that generates the groups (serve=vllm)."""
     if out.finished():
         history = json.loads(out.log.read_text())
         if not out.curve.is_file():  # trained by a version that plotted after the log: draw it again
             plot_curve(history, out.curve, f"GRPO: {name}")
         return str(out.adapter), len(history), str(out.curve), not adapter_changed(out.adapter)
     model, tok = load_base()
-    res = CapabilityGRPO(model, tok, bench, task_ids, out, settings, name=name, decode=decode).train()
+    res = CapabilityGRPO(model, tok, bench, task_ids, out, settings, name=name, decode=decode,
+                         rollout_url=rollout_url).train()
     untrained = not adapter_changed(res.adapter)
     if untrained:
         log(f"{name}: UNTRAINED: after {res.steps} GRPO steps every LoRA B matrix is still zero "
@@ -48,12 +50,14 @@ def grpo(name: str, bench, task_ids: list[str], load_base: Callable[[], tuple], 
 
 
 def train_on_target(bench, task_ids: list[str], out_dir: str | Path, load_base: Callable[[], tuple],
-                    settings: GRPOSettings, log=print, decode: str = "auto") -> AdapterRecord:
+                    settings: GRPOSettings, log=print, decode: str = "auto",
+                    rollout_url: str | None = None) -> AdapterRecord:
     """The baseline TRACE is judged against (the paper's "GRPO on the target environment"): one
     LoRA trained by GRPO on the benchmark's own episodes (`task_ids`: its train split; its sparse
     reward; no hints), with the settings and the rollout budget of the capabilities' GRPO."""
     out = GRPODir(out_dir)
-    adapter, steps, curve, untrained = grpo("grpo_target", bench, task_ids, load_base, out, settings, log, decode)
+    adapter, steps, curve, untrained = grpo("grpo_target", bench, task_ids, load_base, out, settings, log, decode,
+                                             rollout_url)
     record = AdapterRecord(trained_on=Capability(name="target", description=f"{bench.name}: {len(task_ids)} tasks"),
                            adapter=adapter, steps=steps, curve=curve, untrained=untrained)
     atomic_write_json(out.report, {"capability": "grpo_target", **record.model_dump()})
@@ -76,7 +80,7 @@ def target_policy(record: AdapterRecord, load_base: Callable[[], tuple], max_new
 def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base: Callable[[], tuple],
                      settings: GRPOSettings, *, trained_on: Capability, train_seeds: int = 1000,
                      heldout_seeds: int = 20, substitute: str | None = None, log=print, decode: str = "auto",
-                     sandbox: str | None = None) -> AdapterRecord | None:
+                     sandbox: str | None = None, rollout_url: str | None = None) -> AdapterRecord | None:
     """Held-out before, GRPO, held-out after, for one capability's environment module `env` (run in the
     `sandbox` backend; `decode`: the engine's decode step).
 
@@ -102,7 +106,7 @@ def train_capability(name: str, env: str | Path, out_dir: str | Path, load_base:
     before = None if distributed else measure(*load_base(), "base")
     with env_benchmark(name, code, range(train_seeds), sandbox) as bench:
         adapter, steps, curve, untrained = grpo(name, bench, [str(x) for x in range(train_seeds)], load_base,
-                                                out.grpo, settings, log, decode)
+                                                out.grpo, settings, log, decode, rollout_url)
     if distributed:
         if int(os.environ.get("RANK", "0")):
             return None

@@ -503,10 +503,10 @@ def test_report_and_status_print_the_same_evaluation_cells(capsys, monkeypatch):
     from trace_rl.graph.report import evaluation_rows, render_markdown
 
     figures = {"tasks": 5, "trials": 2, "pass@1": 0.4, "ci95": [0.17, 0.69], "passed": 4, "episodes": 10,
-               "mean_reward": 0.41, "routes": {"base": 2, "lookup": 3}}
+               "mean_reward": 0.41, "routes": {"base": 2, "lookup": 3}, "backend": "engine"}
     st = {"composition": "c", "results": {"router": figures, "moe": {"skipped": "no adapter"}}}
     rows = evaluation_rows({"evaluation": st["results"], "notes": {}})
-    assert rows[0] == ["router", "5 × 2", "40.0%", "17%–69%", "4/10", "0.41", "routed: lookup 3, base 2"]
+    assert rows[0] == ["router", "engine", "5 × 2", "40.0%", "17%–69%", "4/10", "0.41", "routed: lookup 3, base 2"]
     assert rows[1][-1] == "not evaluated: no adapter"
     md = render_markdown({"benchmark": "b", "evaluation": st["results"], "notes": {}})
     assert "| " + " | ".join(rows[0]) + " |" in md
