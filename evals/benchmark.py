@@ -221,6 +221,9 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
         raise BenchmarkError(f"{spec} built a {type(bench).__name__}, not a trace_rl Benchmark")
     if (offer or {}).get("max_steps") is not None and bench.fixed_max_steps:
         raise BenchmarkError(f"{spec}: max_steps cannot apply: {bench.fixed_max_steps}")
+    prefix, _, rest = spec.partition(":")  # a file by its absolute path: another process (executor=ray) builds it so
+    where = f"{Path(prefix).resolve()}:{rest}" if rest and (prefix.endswith(".py") or "/" in prefix) else spec
+    bench.loaded_from = (where, dict(options), dict(offer or {}))  # how a node rebuilds it (evals/executor.py)
     return _checked(bench, spec)
 
 
