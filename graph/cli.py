@@ -29,6 +29,8 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(benchmarks_app, name="benchmarks")
 # a log (stdout not a terminal) gets tables at full width: rich would cut their columns to 80 characters
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
+EXECUTOR = ("where episodes play: local (threads here) or ray (Ray tasks on the nodes that offer a `sandbox` "
+            "resource; the cluster at $RAY_ADDRESS; docs/scale.md)")
 DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or inductor (fused by torch.compile)"
 FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
 
@@ -147,7 +149,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
                                                                    "one: env_timeout)"),
              serve: str = typer.Option("llama.cpp", help="llama.cpp (CPU) or hf (the batching engine: a GPU)"),
              decode: str = typer.Option("auto", help=DECODE),
-             flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
+             flash_attn: bool = typer.Option(False, help=FLASH_ATTN),
+             executor: str = typer.Option("local", help=EXECUTOR)):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
@@ -160,6 +163,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
     agent = AgentSettings()
     if serve not in ("llama.cpp", "hf"):
         _fail(f"--serve {serve!r}: use llama.cpp or hf")
+    if executor not in ("local", "ray"):
+        _fail(f"--executor {executor!r}: use local or ray")
     user = LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0, flash_attn=flash_attn) \
         if user_model or user_base_url or serve == "hf" else None
     offer = {"max_steps": max_steps, "user_llm": user and served(user, serve, 2 * concurrency, decode)}
@@ -188,7 +193,7 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
         try:
             trajs = rollout(bench, policy, ids, store, trials=trials, concurrency=concurrency, split=split,
                             passed_threshold=passed_threshold, step_timeout_s=step_timeout, settings=settings,
-                            max_steps=max_steps)
+                            max_steps=max_steps, executor=executor)
         except KeyboardInterrupt:  # stopped: the report covers the episodes that finished
             keys = {f"{bench.name}/{tid}/{k}" for tid in ids for k in range(trials)}
             trajs, stopped = [t for t in store.all() if t.key in keys], True
@@ -292,6 +297,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         port: int = typer.Option(8765, help="approval page port"),
         until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
                                              "train on a GPU machine with `trace-rl resume`)"),
+        executor: str = typer.Option(None, help=EXECUTOR + " (= --set executor=...)"),
         show_config: bool = typer.Option(False, help="print the resolved config and exit")):
     """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
     from trace_rl.graph.config import load_config, stage_fingerprints
@@ -303,6 +309,8 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         over["benchmark_options"] = {**over.get("benchmark_options", {}), **_overrides(bench_opt, "--bench-opt")}
     if auto_approve is not None:
         over["auto_approve"] = auto_approve
+    if executor is not None:
+        over["executor"] = executor
     cfg = load_config(config, preset, over)
     if show_config:
         typer.echo(json.dumps(cfg.model_dump(), indent=2))
@@ -351,8 +359,8 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
         if stage_fingerprints(new) != stage_fingerprints(cfg):
-            _fail("resume --set may change only how the run is served (serve, serve_rows, decode, sandbox, concurrency, "
-                  "timeouts); "
+            _fail("resume --set may change only how the run is served (serve, serve_rows, decode, sandbox, executor, "
+                  "ray_address, ray_retries, concurrency, timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
         save_config(RunDir(run_dir), new)
         cfg = new
@@ -443,7 +451,10 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
                                               "the run's train step finds the adapter"),
           sandbox: str = typer.Option(None, help="docker, or subprocess where Docker is not (environments verified "
                                                  "in Docker only); default: the run config's"),
-          decode: str = typer.Option(None, help=DECODE)):
+          decode: str = typer.Option(None, help=DECODE),
+          executor: str = typer.Option(None, help="local or ray; training's episodes (GRPO groups, held-out runs) "
+                                                  "decode in this process, so they play here under either (not yet "
+                                                  "distributed: docs/scale.md)")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
@@ -459,6 +470,10 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
     if bool(env) == bool(target):
         _fail("give an environment module (ENV) or --target BENCHMARK, not both or neither")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
+    if executor not in (None, "local", "ray"):
+        _fail(f"--executor {executor!r}: use local or ray")
+    if executor == "ray":
+        console.print("--executor ray: GRPO's and the held-out episodes decode in this process: they play here")
     if target:
         from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
@@ -477,7 +492,8 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail(f"no environment module at {env}")
     name = name or code_path.stem
     cfg = _stage_config(RunDir(out), {"train_model": model, "grpo": settings.model_dump(), "train_seeds": train_seeds,
-                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode})
+                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode,
+                                      "executor": executor})
     entry = Pipeline(out, cfg, log=console.print).train_env(name, str(code_path.resolve()),
                                                             Capability(name=name, description=name))
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports

@@ -82,6 +82,14 @@ class RunConfig(Strict):
     sandbox: Literal["docker", "subprocess"] = Field(
         "docker", description="where environments run: docker, or subprocess on a machine without Docker (only "
                               "for environments already verified in Docker: training and evaluation)")
+    executor: Literal["local", "ray"] = Field(
+        "local", description="where rollout episodes play (base rollouts, evaluation): local (threads here) or ray "
+                             "(a Ray task each, on the nodes that offer a `sandbox` resource; docs/scale.md); how "
+                             "this machine runs the run, like serve")
+    ray_address: str | None = Field(None, description="executor=ray: the cluster's address (unset: $RAY_ADDRESS, "
+                                    "else a cluster started on this machine with `ray start --head`)")
+    ray_retries: int = Field(3, ge=0, description="executor=ray: how often an episode whose node was lost is played "
+                             "again elsewhere before it is recorded as infra_error (the next run plays it again)")
     flash_attn: bool = Field(False, description="llama.cpp's flash attention for every model it serves here: long "
                              "prompts read ~1.5x as fast on a CPU, but a greedy reply then depends on how its prompt "
                              "was split between cached and new tokens (so it is part of every stage's fingerprint)")
@@ -130,6 +138,10 @@ class RunConfig(Strict):
         """The base agent at its endpoint, with the agent settings."""
         return LLMConfig(model=self.base_model, base_url=self.base_url, max_tokens=self.agent.max_tokens,
                          temperature=self.agent.temperature, deadline=self.agent.request_deadline)
+
+    def executor_kw(self) -> dict:
+        """How rollout() plays this run's episodes (evals/executor.py): no result depends on it."""
+        return {"executor": self.executor, "ray_address": self.ray_address, "ray_retries": self.ray_retries}
 
     @field_validator("base_url", mode="before")
     @classmethod
