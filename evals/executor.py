@@ -83,18 +83,20 @@ def ray_episodes(benchmark, policy, jobs: Iterable[tuple[str, int]], *, split: s
     pending = {play.remote(token, box, tid, k, benchmark.name, split, chat_kw): (tid, k) for tid, k in jobs}
     try:
         while pending:
-            [ref], _ = ray.wait(list(pending), num_returns=1)
-            tid, k = pending.pop(ref)
-            try:
-                traj = ray.get(ref)
-            except ray.exceptions.RayTaskError as err:  # the episode's own code raised: as it would here
-                raise err.as_instanceof_cause() from None
-            except ray.exceptions.RayError as err:  # its node or worker was lost on every try
-                traj = Trajectory(task_id=tid, benchmark=benchmark.name, trial=k, model=policy.name, messages=[],
-                                  reward=0.0, passed=False, termination=INFRA_ERROR, split=split,
-                                  reasons={"error": f"{type(err).__name__}: {str(err)[:1500]}",
-                                           "error_kind": INFRA_ERROR, "tries": retries + 1})
-            yield traj
+            ray.wait(list(pending), num_returns=1, fetch_local=False)
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)  # all that have finished
+            for ref in ready:
+                tid, k = pending.pop(ref)
+                try:
+                    traj = ray.get(ref)
+                except ray.exceptions.RayTaskError as err:  # the episode's own code raised: as it would here
+                    raise err.as_instanceof_cause() from None
+                except ray.exceptions.RayError as err:  # its node or worker was lost on every try
+                    traj = Trajectory(task_id=tid, benchmark=benchmark.name, trial=k, model=policy.name, messages=[],
+                                      reward=0.0, passed=False, termination=INFRA_ERROR, split=split,
+                                      reasons={"error": f"{type(err).__name__}: {str(err)[:1500]}",
+                                               "error_kind": INFRA_ERROR, "tries": retries + 1})
+                yield traj
     finally:
         for ref in pending:  # stopped: nothing more runs for this rollout
             ray.cancel(ref, force=True)
