@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 
 from trace_rl.agents.base_agent import run_episode
 from trace_rl.core.trajectory import Trajectory
+from trace_rl.models.llm import LLM
 
 EXECUTORS = ("local", "ray")
 INFRA_ERROR = "infra_error"  # the episode's node (or worker) was lost more often than it may be retried
@@ -69,8 +70,6 @@ def ray_episodes(benchmark, policy, jobs: Iterable[tuple[str, int]], *, split: s
     iteration cancels the episodes not yet finished."""
     global _REMOTE
     ray = connect(address)
-    from trace_rl.models.llm import LLM
-
     if type(policy)._complete is LLM._complete and not policy.config.base_url:
         raise ValueError(f"executor=ray: the agent's model {policy.name!r} has no base_url; every node must reach "
                          "it at an endpoint (serve it, e.g. vLLM or `trace-rl serve`, and set base_url)")

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from doubles import ScriptedLLM
+from doubles import ScriptedLLM, cli_main
 from paths import ROOT, SUPPORT
 from ray_doubles import SlowLetters, city_script, letters_agent
 from trace_rl.core.trajectory import TrajectoryStore
@@ -103,6 +103,37 @@ def test_a_driver_killed_mid_rollout_and_resumed_ends_with_one_record_per_episod
     after = lines(out)
     assert len(after) == 2 * n and set(after.values()) == {1}, after  # each episode once, none played twice
     assert all(t.termination == "agent_stop" for t in trajs)
+
+
+def test_eval_with_executor_ray_plays_on_the_cluster(cluster, tmp_path, monkeypatch):
+    """`trace-rl eval --executor ray` with a plugin named by a relative file path: each node builds it from its
+    absolute path, and the agent's copy on this machine is asked nothing."""
+    import trace_rl.models.llm
+
+    (tmp_path / "city.py").write_text(city_plugin())
+    monkeypatch.chdir(tmp_path)
+    made = []
+    monkeypatch.setattr(trace_rl.models.llm, "LLM", lambda config, **_: made.append(ScriptedLLM(city_script)) or made[-1])
+    code, text = cli_main("eval", "--benchmark", "city.py:CityBench", "--split", "test", "--bench-opt", "users=8",
+                          "--model", "agent", "--out", "r", "--executor", "ray")
+    assert code == 0 and "agent_stop=4" in text and "50.0%" in text, text
+    assert len(made) == 1 and made[0].requests == []  # played by the copies on the nodes
+
+
+def test_a_model_no_node_can_reach_is_refused_and_an_in_process_one_plays_here(cluster, tmp_path, capsys):
+    from trace_rl.models.llm import LLM, LLMConfig
+
+    with pytest.raises(ValueError, match="has no base_url"):  # it would start a llama.cpp server on every node
+        rollout(SlowLetters(2), LLM(LLMConfig(model="qwen2.5-coder-0.5b")), ["0"], TrajectoryStore(tmp_path / "a"),
+                progress=False, executor="ray")
+
+    class InProcess:  # a policy whose weights are in this process (HFPolicy, a composition)
+        name = "in-process"
+        chat = letters_agent().chat
+
+    trajs = rollout(SlowLetters(2), InProcess(), ["0", "1"], TrajectoryStore(tmp_path / "b"), progress=False,
+                    executor="ray")
+    assert [t.reward for t in trajs] == [0.0, 0.125] and "play here" in capsys.readouterr().err
 
 
 def test_a_node_lost_mid_episode_loses_no_episode_and_duplicates_none(cluster, tmp_path):
