@@ -55,8 +55,12 @@ def connect(address: str | None = None):
     except ImportError:
         raise RuntimeError("executor=ray needs Ray: pip install 'trace-rl[ray]'") from None
     if not ray.is_initialized():
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", logging_level="WARNING",
-                 log_to_driver=False)
+        where = address or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            ray.init(address=where, logging_level="WARNING", log_to_driver=False)
+        except ConnectionError as err:
+            raise RuntimeError(f"executor=ray: no Ray cluster at {where!r} ({err}); start one (`ray start --head`, "
+                               "docs/scale.md) or give its address (ray_address, $RAY_ADDRESS)") from None
     if ray.cluster_resources().get(RESOURCE, 0) < 1:
         raise RuntimeError(f"no node of the Ray cluster offers a {RESOURCE!r} resource: start each worker with "
                            f"`ray start --address=HEAD:6379 --resources='{{\"{RESOURCE}\": N}}'` (docs/scale.md)")
