@@ -10,6 +10,7 @@ Ray is imported here only, and only when asked for (`pip install trace-rl[ray]`)
 """
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from typing import Iterable, Iterator
@@ -32,7 +33,13 @@ def _made(token: str, box: list) -> tuple:
         from trace_rl.evals.benchmark import load_benchmark
 
         what = ray.get(box[0])
-        bench = load_benchmark(*what["source"]) if "source" in what else what["bench"]
+        if "source" in what:  # as load_benchmark built it on the driver
+            spec, options, offer, registered_in = what["source"]
+            if registered_in:
+                importlib.import_module(registered_in)
+            bench = load_benchmark(spec, options, offer)
+        else:
+            bench = what["bench"]
         while len(_MADE) >= 4:  # an earlier rollout's benchmark: let it go (a worker benchmark ends its process)
             old = _MADE.pop(next(iter(_MADE)))[0]
             getattr(old, "close", lambda: None)()

@@ -82,6 +82,18 @@ def test_a_benchmark_plugin_by_file_name_gives_the_same_trajectories_as_local(cl
     assert [t.passed for t in there] == [i % 2 == 0 for i in range(8)]
 
 
+def test_a_registered_benchmark_is_registered_on_each_node_too(cluster, tmp_path):
+    """`register()` ran in a module of this process (as a run's `components` module does): a node imports that
+    module before it builds the benchmark by name."""
+    import ray_registered  # noqa: F401
+
+    bench = load_benchmark("slow-letters")
+    assert bench.loaded_from[3] == "ray_registered"
+    there = rollout(bench, letters_agent(), ["1", "2"], TrajectoryStore(tmp_path / "ray"), progress=False,
+                    executor="ray")
+    assert [t.reward for t in there] == [0.125, 0.25]
+
+
 def test_a_driver_killed_mid_rollout_and_resumed_ends_with_one_record_per_episode(cluster, tmp_path):
     c, _ = cluster
     out, n = tmp_path / "store", 6
