@@ -94,6 +94,25 @@ def test_a_registered_benchmark_is_registered_on_each_node_too(cluster, tmp_path
     assert [t.reward for t in there] == [0.125, 0.25]
 
 
+def test_the_pipelines_rollout_stage_plays_on_the_cluster(cluster, tmp_path, monkeypatch):
+    """`trace-rl run --executor ray` up to the analysis, on the pipeline's doubles (graph_doubles): the same
+    episodes as a local run, and none of the agent's calls made in this process (its call log stays empty)."""
+    from graph_doubles import config
+    from trace_rl.graph.pipeline import drive
+
+    def stage(run, executor):
+        monkeypatch.setenv("TRACE_RL_CALL_LOG", str(tmp_path / f"{executor}.log"))
+        out = drive(tmp_path / run, config(executor=executor), resume=False, until="analyse", log=lambda *a: None)
+        assert out["status"] == "stopped"
+        store = next((tmp_path / run).rglob("trajectories.jsonl")).parent
+        return sorted(TrajectoryStore(store).all(), key=lambda t: t.key)
+
+    there, here = stage("ray", "ray"), stage("local", "local")
+    same(there, here)
+    assert len(there) == 12 and {t.passed for t in there} == {True, False}
+    assert not (tmp_path / "ray.log").exists() and "agent" in (tmp_path / "local.log").read_text()
+
+
 def test_a_driver_killed_mid_rollout_and_resumed_ends_with_one_record_per_episode(cluster, tmp_path):
     c, _ = cluster
     out, n = tmp_path / "store", 6
