@@ -221,6 +221,12 @@ def load_benchmark(spec: str, options: dict | None = None, offer: dict | None = 
         raise BenchmarkError(f"{spec} built a {type(bench).__name__}, not a trace_rl Benchmark")
     if (offer or {}).get("max_steps") is not None and bench.fixed_max_steps:
         raise BenchmarkError(f"{spec}: max_steps cannot apply: {bench.fixed_max_steps}")
+    # how another process (a node under executor=ray, evals/executor.py) builds it again: a file by its absolute
+    # path, a registered name after importing the module that registered it
+    prefix, _, rest = spec.partition(":")
+    where = f"{Path(prefix).resolve()}:{rest}" if rest and (prefix.endswith(".py") or "/" in prefix) else spec
+    registered_in = getattr(factory, "__module__", None) if prefix in _REGISTRY and prefix not in BUILTIN else None
+    bench.loaded_from = (where, dict(options), dict(offer or {}), registered_in)
     return _checked(bench, spec)
 
 

@@ -25,18 +25,19 @@ def evaluate(bench: Benchmark, policies: dict, task_ids: list[str], out_dir: str
              trials: int = 1, skipped: dict[str, str] | None = None, mode_tasks: dict[str, int] | None = None,
              passed_threshold: float | None = None, concurrency: int = 1,
              capabilities: list[Capability] | None = None, step_timeout_s: float = STEP_TIMEOUT_S,
-             max_steps: int | None = None) -> dict:
+             max_steps: int | None = None, **executor) -> dict:
     """{mode: figures | {"skipped": why}}; writes out_dir/<mode>/ stores, report.json and report.png.
     `mode_tasks` gives some modes fewer tasks (slow in-process decoding); each row states its count.
     `capabilities`: each mode's figures get "transfer", the code-measured rate
     of the failure each capability is about (evals/facts.py), a result even when no task passes.
-    Each row says which `backend` produced it."""
+    Each row says which `backend` produced it.
+    `executor`: where rollout() plays the episodes (executor, ray_address, ray_retries: evals/executor.py)."""
     out, results, series = EvalDir(out_dir), {}, {}
     for mode, policy in policies.items():
         n = (mode_tasks or {}).get(mode)
         trajs = rollout(bench, policy, task_ids[:n] if n else task_ids, TrajectoryStore(out.mode(mode)), trials=trials,
                         split=split, passed_threshold=passed_threshold, concurrency=concurrency,
-                        step_timeout_s=step_timeout_s, max_steps=max_steps)
+                        step_timeout_s=step_timeout_s, max_steps=max_steps, **executor)
         series[mode] = summarize(trajs)
         results[mode] = {**next(iter(series[mode].values())), "trials": trials, "model": policy.name,
                          "backend": backend(policy)}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from contextlib import closing
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Iterable
 
@@ -9,7 +11,8 @@ from trace_rl.agents.base_agent import Policy, run_episode
 from trace_rl.core.io import fingerprint
 from trace_rl.core.trajectory import SettingsMismatch, Trajectory, TrajectoryStore, settings_change
 from trace_rl.evals.benchmark import Benchmark, BenchmarkError, benchmark_version
-from trace_rl.models.llm import LLMConfig, result_settings
+from trace_rl.evals.executor import EXECUTORS, INFRA_ERROR, ray_episodes
+from trace_rl.models.llm import LLM, LLMConfig, result_settings
 
 
 def episode_settings(bench: Benchmark, benchmark: str, agent: LLMConfig | str, *, max_steps: int | None,
@@ -36,12 +39,16 @@ def episode_settings(bench: Benchmark, benchmark: str, agent: LLMConfig | str, *
 def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
             store: TrajectoryStore, trials: int = 1, concurrency: int = 2, split: str = "",
             progress: bool = True, passed_threshold: float | None = None, settings: dict | None = None,
-            strict: bool = True, **chat_kw) -> list[Trajectory]:
-    """Run every (task, trial) not already in `store`; returns all trajectories for them.
+            strict: bool = True, executor: str = "local", ray_address: str | None = None, ray_retries: int = 3,
+            **chat_kw) -> list[Trajectory]:
+    """Run every (task, trial) not already in `store` (nor stored as an infra_error); returns all trajectories.
     `passed_threshold`: an episode passes when its reward reaches it (continuous scores).
     `settings` (episode_settings): each new episode records them, and a stored one is reused only when its own
     are the same; one made under others is a SettingsMismatch naming the first difference (`strict`), or is
-    played again and replaces it (not strict: the pipeline). Without `settings`, a stored key is reused."""
+    played again and replaces it (not strict: the pipeline). Without `settings`, a stored key is reused.
+    `executor`: local (`concurrency` threads here) or ray (evals/executor.py: Ray tasks on the cluster at
+    `ray_address` or $RAY_ADDRESS, its `sandbox` resources bounding how many run at once; a lost node's episodes
+    are retried `ray_retries` times). A policy that is not an endpoint client (weights in this process) plays here."""
     jobs = [(tid, k) for tid in task_ids for k in range(trials)]
     key = lambda tid, k: f"{benchmark.name}/{tid}/{k}"  # noqa: E731
     stale = {key(t, k): None for t, k in jobs
@@ -50,17 +57,27 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
         raise SettingsMismatch(f"{store.dir} holds {len(stale)} episode(s) made under other settings "
                                f"({settings_change(store.get(next(iter(stale))).settings, settings)}); start over with "
                                "--fresh, or use another output folder")
-    todo = [(t, k) for t, k in jobs if key(t, k) not in store or key(t, k) in stale]
+    lost = lambda t, k: store.get(key(t, k)).termination == INFRA_ERROR  # noqa: E731  (played again)
+    todo = [(t, k) for t, k in jobs if key(t, k) not in store or key(t, k) in stale or lost(t, k)]
     done = set(jobs) - set(todo)
 
-    def one(tid: str, k: int) -> Trajectory:
-        traj = run_episode(policy, lambda: benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
-                           trial=k, split=split, **chat_kw)
+    def record(traj: Trajectory) -> Trajectory:
         if passed_threshold is not None:
             traj.passed = traj.reward >= passed_threshold - 1e-9
         traj.settings = settings or {}
         store.add(traj, replace=True)
         return traj
+
+    def one(tid: str, k: int) -> Trajectory:
+        return record(run_episode(policy, lambda: benchmark.episode(tid), task_id=tid, benchmark=benchmark.name,
+                                  trial=k, split=split, **chat_kw))
+
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    if executor == "ray" and not isinstance(policy, LLM):
+        print(f"rollout: {policy.name} decodes in this process: its episodes play here, not on the Ray cluster",
+              file=sys.stderr)
+        executor = "local"
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -69,12 +86,19 @@ def rollout(benchmark: Benchmark, policy: Policy, task_ids: Iterable[str],
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task(benchmark.name, total=len(jobs), completed=len(jobs) - len(todo),
                             passed=sum(store.get(key(t, k)).passed for t, k in done))
-        pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
-        try:
-            for fut in as_completed([pool.submit(one, tid, k) for tid, k in todo]):
-                bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(fut.result().passed))
-        except KeyboardInterrupt:  # stopped: start nothing more, do not wait for the episodes in flight
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
+        advance = lambda traj: bar.update(task, advance=1, passed=bar.tasks[0].fields["passed"] + int(traj.passed))  # noqa: E731
+        if executor == "ray" and todo:  # stopped (KeyboardInterrupt, an error): its episodes in flight are cancelled
+            with closing(ray_episodes(benchmark, policy, todo, split=split, address=ray_address, retries=ray_retries,
+                                      **chat_kw)) as played:
+                for traj in played:
+                    advance(record(traj))
+        else:
+            pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+            try:
+                for fut in as_completed([pool.submit(one, tid, k) for tid, k in todo]):
+                    advance(fut.result())
+            except KeyboardInterrupt:  # stopped: start nothing more, do not wait for the episodes in flight
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
     return [store.get(key(tid, k)) for tid, k in jobs]

@@ -29,6 +29,8 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(benchmarks_app, name="benchmarks")
 # a log (stdout not a terminal) gets tables at full width: rich would cut their columns to 80 characters
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
+EXECUTOR = ("where episodes play: local (threads here) or ray (Ray tasks on the nodes that offer a `sandbox` "
+            "resource; the cluster at $RAY_ADDRESS; docs/scale.md)")
 DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or inductor (fused by torch.compile)"
 FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
 SERVE = "llama.cpp (CPU), hf (the batching engine: a GPU) or vllm (vLLM's server: a GPU, `pip install trace-rl[vllm]`)"
@@ -188,7 +190,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
                                                                    "one: env_timeout)"),
              serve: str = typer.Option("llama.cpp", help=SERVE),
              decode: str = typer.Option("auto", help=DECODE),
-             flash_attn: bool = typer.Option(False, help=FLASH_ATTN)):
+             flash_attn: bool = typer.Option(False, help=FLASH_ATTN),
+             executor: str = typer.Option("local", help=EXECUTOR)):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
     from trace_rl.models.llm import LLM, LLMConfig
     from trace_rl.evals.benchmark import load_benchmark
@@ -200,6 +203,8 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
 
     agent = AgentSettings()
     _check_serve(serve)
+    if executor not in ("local", "ray"):
+        _fail(f"--executor {executor!r}: use local or ray")
     user = LLMConfig(model=user_model or model, base_url=user_base_url, temperature=0.0, flash_attn=flash_attn) \
         if user_model or user_base_url or serve != "llama.cpp" else None
     offer = {"max_steps": max_steps, "user_llm": user and served(user, serve, 2 * concurrency, decode)}
@@ -228,7 +233,7 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
         try:
             trajs = rollout(bench, policy, ids, store, trials=trials, concurrency=concurrency, split=split,
                             passed_threshold=passed_threshold, step_timeout_s=step_timeout, settings=settings,
-                            max_steps=max_steps)
+                            max_steps=max_steps, executor=executor)
         except KeyboardInterrupt:  # stopped: the report covers the episodes that finished
             keys = {f"{bench.name}/{tid}/{k}" for tid in ids for k in range(trials)}
             trajs, stopped = [t for t in store.all() if t.key in keys], True
@@ -334,7 +339,8 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
                                              "train on a GPU machine with `trace-rl resume`)"),
         show_config: bool = typer.Option(False, help="print the resolved config and exit"),
-        serve: str = typer.Option(None, help=SERVE + " (= --set serve=...); default: the config's")):
+        serve: str = typer.Option(None, help=SERVE + " (= --set serve=...); default: the config's"),
+        executor: str = typer.Option(None, help=EXECUTOR + " (= --set executor=...)")):
     """Run the whole pipeline: rollout → analyse → synthesise → train → compose → evaluate."""
     from trace_rl.graph.config import load_config, stage_fingerprints
     from trace_rl.graph.pipeline import check_until, saved_fingerprints
@@ -348,6 +354,8 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
     if serve is not None:
         _check_serve(serve)
         over["serve"] = serve
+    if executor is not None:
+        over["executor"] = executor
     cfg = load_config(config, preset, over)
     if show_config:
         typer.echo(json.dumps(cfg.model_dump(), indent=2))
@@ -396,8 +404,8 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
     if set_:
         new = load_config(overrides=deep_merge(cfg.model_dump(), _overrides(set_)))
         if stage_fingerprints(new) != stage_fingerprints(cfg):
-            _fail("resume --set may change only how the run is served (serve, serve_rows, decode, sandbox, concurrency, "
-                  "timeouts); "
+            _fail("resume --set may change only how the run is served (serve, serve_rows, decode, sandbox, executor, "
+                  "ray_address, ray_retries, concurrency, timeouts); "
                   "a change of results needs `trace-rl run --run-dir ...` (its stages are re-run)")
         save_config(RunDir(run_dir), new)
         cfg = new
@@ -490,7 +498,10 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
                                                  "in Docker only); default: the run config's"),
           decode: str = typer.Option(None, help=DECODE),
           serve: str = typer.Option(None, help="vllm: GRPO's groups are generated by a vLLM server of --model, the "
-                                               "adapter pushed to it after each step; default: the engine in-process")):
+                                               "adapter pushed to it after each step; default: the engine in-process"),
+          executor: str = typer.Option(None, help="local or ray; training's episodes (GRPO groups, held-out runs) "
+                                                  "decode in this process, so they play here under either (not yet "
+                                                  "distributed: docs/scale.md)")):
     """GRPO one LoRA adapter on one environment; held-out success before and after, curve PNG.
     With --target, on the benchmark itself (OUT/train_target/). Multi-GPU:
     `torchrun --nproc_per_node N -m trace_rl.graph.cli train ...` (data parallel)."""
@@ -507,6 +518,10 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail("give an environment module (ENV) or --target BENCHMARK, not both or neither")
     settings = section_settings(GRPOSettings, "grpo", _overrides(set_), PRESETS[preset].model_dump())
     _check_serve(serve)
+    if executor not in (None, "local", "ray"):
+        _fail(f"--executor {executor!r}: use local or ray")
+    if executor == "ray":
+        console.print("--executor ray: GRPO's and the held-out episodes decode in this process: they play here")
     if target:
         from trace_rl.models.llm import LLMConfig
         from trace_rl.evals.benchmark import load_benchmark
@@ -530,7 +545,8 @@ def train(env: str = typer.Argument(None, help="environment module (e.g. sandbox
         _fail(f"no environment module at {env}")
     name = name or code_path.stem
     cfg = _stage_config(RunDir(out), {"train_model": model, "grpo": settings.model_dump(), "train_seeds": train_seeds,
-                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode, "serve": serve})
+                                      "heldout_seeds": heldout, "sandbox": sandbox, "decode": decode, "serve": serve,
+                                      "executor": executor})
     entry = Pipeline(out, cfg, log=console.print).train_env(name, str(code_path.resolve()),
                                                             Capability(name=name, description=name))
     if entry is None:  # a data-parallel rank other than 0: rank 0 measures and reports

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trace_rl.agents.analyst import AnalysisConfig
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.io import atomic_write_json, fingerprint
 from trace_rl.core.rundir import RunDir, RunDirError, read_control
-from trace_rl.models.llm import LLMConfig
+from trace_rl.models.llm import LLMConfig, endpoint_list
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
 
 
@@ -69,7 +69,8 @@ class RunConfig(Strict):
     eval_mode_tasks: dict[str, int] = Field(default_factory=dict, description="fewer tasks for some modes, e.g. "
                                             "{moe: 2} where in-process decoding is slow; the table states each row's count")
     base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
-    base_url: str | None = None
+    base_url: str | None = Field(None, description="the agent's endpoint; several serving the same model "
+                                 "(a list, or comma-separated) take its requests in turn")
     serve: Literal["llama.cpp", "hf", "vllm"] = Field(
         "llama.cpp", description="how models without a base_url are served: llama.cpp (a CPU), hf (transformers + "
                                  "the batching engine, an OpenAI-compatible server per model: a GPU machine) or vllm "
@@ -85,6 +86,14 @@ class RunConfig(Strict):
     sandbox: Literal["docker", "subprocess"] = Field(
         "docker", description="where environments run: docker, or subprocess on a machine without Docker (only "
                               "for environments already verified in Docker: training and evaluation)")
+    executor: Literal["local", "ray"] = Field(
+        "local", description="where rollout episodes play (base rollouts, evaluation): local (threads here) or ray "
+                             "(a Ray task each, on the nodes that offer a `sandbox` resource; docs/scale.md); how "
+                             "this machine runs the run, like serve")
+    ray_address: str | None = Field(None, description="executor=ray: the cluster's address (unset: $RAY_ADDRESS, "
+                                    "else a cluster started on this machine with `ray start --head`)")
+    ray_retries: int = Field(3, ge=0, description="executor=ray: how often an episode whose node was lost is played "
+                             "again elsewhere before it is recorded as infra_error (the next run plays it again)")
     flash_attn: bool = Field(False, description="llama.cpp's flash attention for every model it serves here: long "
                              "prompts read ~1.5x as fast on a CPU, but a greedy reply then depends on how its prompt "
                              "was split between cached and new tokens (so it is part of every stage's fingerprint)")
@@ -133,6 +142,15 @@ class RunConfig(Strict):
         """The base agent at its endpoint, with the agent settings."""
         return LLMConfig(model=self.base_model, base_url=self.base_url, max_tokens=self.agent.max_tokens,
                          temperature=self.agent.temperature, deadline=self.agent.request_deadline)
+
+    def executor_kw(self) -> dict:
+        """How rollout() plays this run's episodes (evals/executor.py): no result depends on it."""
+        return {"executor": self.executor, "ray_address": self.ray_address, "ray_retries": self.ray_retries}
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _endpoints(cls, value):
+        return endpoint_list(value)
 
     @model_validator(mode="after")
     def _trials_need_sampling(self):

@@ -178,7 +178,8 @@ class Pipeline:
         trajs = rollout(bench, policy, self._task_ids(cfg.rollout_split, cfg.rollout_tasks), TrajectoryStore(out),
                         trials=cfg.trials, concurrency=cfg.agent.concurrency, split=cfg.rollout_split,
                         passed_threshold=cfg.passed_threshold, step_timeout_s=cfg.agent.step_timeout,
-                        max_steps=cfg.agent.max_steps, settings=self._settings(policy), strict=False)
+                        max_steps=cfg.agent.max_steps, settings=self._settings(policy), strict=False,
+                        **cfg.executor_kw())
         figs = next(iter(write_report(trajs, out, title=f"{policy.name} on {bench.name} [{cfg.rollout_split}]")
                          ["groups"].values()))
         return {"rollout_figures": [{"iteration": s.get("iteration", 0), "model": policy.name, "passed": figs["passed"],
@@ -402,7 +403,8 @@ class Pipeline:
                                self.run.eval(s.get("iteration", 0)), split=cfg.eval_split, trials=cfg.eval_trials or cfg.trials,
                                skipped=skipped, mode_tasks=cfg.eval_mode_tasks, passed_threshold=cfg.passed_threshold,
                                concurrency=cfg.agent.concurrency, step_timeout_s=cfg.agent.step_timeout,
-                               max_steps=cfg.agent.max_steps, capabilities=[c for c in s.get("capabilities") or [] if c.status == "APPROVED"])
+                               max_steps=cfg.agent.max_steps, capabilities=[c for c in s.get("capabilities") or [] if c.status == "APPROVED"],
+                               **cfg.executor_kw())
         finally:
             from trace_rl.models.llm import stop_lora_endpoints
 

@@ -12,7 +12,7 @@ import time
 from contextlib import suppress
 from typing import Any, Callable, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trace_rl.core.episode import tool_arguments
 from trace_rl.models.chat import (Reply, RequestDeadlineError, StructuredOutputError, ToolCall, Usage, extract_json,
@@ -22,12 +22,19 @@ from trace_rl.models.endpoints import ENDPOINTS
 T = TypeVar("T", bound=BaseModel)
 
 
+def endpoint_list(value):
+    """A base_url given as a list (a fleet of servers behind no balancer) as the one string the config keeps:
+    the URLs comma-separated, in order (LLM sends requests to them in turn)."""
+    return ",".join(str(u).strip() for u in value) if isinstance(value, (list, tuple)) else value
+
+
 class LLMConfig(BaseModel):
     """One model at one endpoint: every model the pipeline calls is configured with this."""
     model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
 
     model: str = Field("qwen2.5-coder-0.5b", description="embedded model name, path to a .gguf, or remote model name")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; unset = serve `model` locally")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; several serving the same model "
+                                 "(comma-separated, or a list) take requests in turn; unset = serve `model` locally")
     api_key: str | None = Field(None, exclude=True, description="defaults to $OPENAI_API_KEY, or a dummy for local "
                                                                  "servers; never written to a run directory")
     temperature: float = Field(0.0, ge=0)
@@ -49,6 +56,11 @@ class LLMConfig(BaseModel):
     flash_attn: bool = Field(False, description="flash attention on the local llama.cpp server: long prompts read "
                                                 "faster on a CPU, but a greedy reply then depends on how its prompt "
                                                 "was split between cached and new tokens")
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _endpoints(cls, value):
+        return endpoint_list(value)
 
     @model_validator(mode="after")
     def _lora_is_local(self):
@@ -148,8 +160,16 @@ class LLM:
         self.config = (config or LLMConfig()).model_copy(update=overrides)
         self.usage = Usage()
         self._lock = threading.Lock()
-        self._client = None
+        self._clients: list | None = None  # one per endpoint of base_url
+        self._turn = 0
         self._served_name: str | None = None
+
+    def __getstate__(self) -> dict:
+        """Shipped to another process (executor=ray): its clients and lock are made there anew."""
+        return {**self.__dict__, "_lock": None, "_clients": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def name(self) -> str:
@@ -165,25 +185,35 @@ class LLM:
         return {"hf": "engine"}.get(kind, kind) if kind else "endpoint"
 
     def _openai(self):
-        if self._client is None:
+        """The client of the endpoint whose turn it is: base_url may name several serving the same model
+        (comma-separated), which then take the requests in turn (round robin)."""
+        clients = self._clients
+        if clients is None:
             from openai import OpenAI
 
-            base_url, self._served_name = (self.config.base_url, self.config.model) if self.config.base_url \
-                else local_endpoint(self.config.model, self.config.n_ctx, lora=self.config.lora,
-                                    flash_attn=self.config.flash_attn)
-            key = self.config.api_key or os.environ.get("OPENAI_API_KEY") or "sk-local"
             local = self.config.base_url is None
+            if local:
+                url, self._served_name = local_endpoint(self.config.model, self.config.n_ctx, lora=self.config.lora,
+                                                        flash_attn=self.config.flash_attn)
+                urls = [url]
+            else:
+                urls, self._served_name = [u.strip() for u in self.config.base_url.split(",") if u.strip()], \
+                    self.config.model
+            key = self.config.api_key or os.environ.get("OPENAI_API_KEY") or "sk-local"
             timeout = self.config.timeout or (3600.0 if local else 600.0)
             # a local server keeps working on a request whose client gave up: a retry would queue behind it
-            self._client = OpenAI(base_url=base_url, api_key=key, timeout=timeout,
-                                  max_retries=0 if local else self.config.retries)
-        return self._client
+            self._clients = clients = [OpenAI(base_url=url, api_key=key, timeout=timeout,
+                                              max_retries=0 if local else self.config.retries) for url in urls]
+        with self._lock:
+            self._turn += 1
+            return clients[(self._turn - 1) % len(clients)]
 
-    def _within_deadline(self, request: Callable[[], Any]) -> Any:
-        """`request()` in a thread, waited for at most the deadline: a server that sends a byte every few
-        seconds never trips the read timeout. Past the deadline the client is closed (which breaks the stuck
-        socket and ends the thread) and a fresh one serves the next request."""
-        timeout = self._openai().timeout  # the float given to the client, or an httpx.Timeout
+    def _within_deadline(self, request: Callable[[], Any], client=None) -> Any:
+        """`request()` (a call on `client`) in a thread, waited for at most the deadline: a server that sends a
+        byte every few seconds never trips the read timeout. Past the deadline the client is closed (which
+        breaks the stuck socket and ends the thread) and fresh ones serve the next request."""
+        client = self._openai() if client is None else client
+        timeout = client.timeout  # the float given to the client, or an httpx.Timeout
         deadline = self.config.deadline or getattr(timeout, "read", timeout) or 600.0
         box: dict = {}
 
@@ -197,7 +227,7 @@ class LLM:
         worker.join(deadline)
         if worker.is_alive():
             with self._lock:
-                client, self._client = self._client, None
+                self._clients = None
             with suppress(Exception):
                 client.close()
             raise RequestDeadlineError(f"{self.name}: no complete answer within the {deadline:g} s deadline "
@@ -221,7 +251,7 @@ class LLM:
         if kw.get("seed") is not None:
             args["seed"] = kw["seed"]
         t0 = time.perf_counter()
-        resp = self._within_deadline(lambda: client.chat.completions.create(**args))
+        resp = self._within_deadline(lambda: client.chat.completions.create(**args), client)
         dt = time.perf_counter() - t0
         choice = resp.choices[0]
         calls = []

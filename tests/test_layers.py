@@ -78,3 +78,16 @@ def test_core_imports_nothing_of_the_project_but_core():
     bad = [f"{m} imports {d}" for m, deps in imports().items() if m.startswith("core")
            for d in sorted(deps) if not d.startswith("core")]
     assert not bad, "\n".join(bad)
+
+
+def test_importing_the_package_does_not_import_ray():
+    """Ray is an optional extra (#44): only executor=ray imports it (evals/executor.py, when asked)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, trace_rl.evals.executor, trace_rl.evals.rollout, trace_rl.evals.evaluate, "
+            "trace_rl.graph.pipeline, trace_rl.graph.cli\n"
+            "print([m for m in sys.modules if m == 'ray' or m.startswith('ray.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

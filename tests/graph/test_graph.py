@@ -356,6 +356,8 @@ def test_fingerprints_ignore_settings_that_change_no_result():
 
     base = stage_fingerprints(config())
     assert stage_fingerprints(config(agent={"concurrency": 4}, approvals=[])) == base
+    # where episodes play (#44): how this machine runs the run, like serve and sandbox (`resume --set` takes it)
+    assert stage_fingerprints(config(executor="ray", ray_address="head:6379", ray_retries=0)) == base
     changed = stage_fingerprints(config(analysis={"n_candidates": 2, "n_runs": 4, "k": 2}))
     assert changed["rollout"] == base["rollout"] and changed["analyse"] != base["analyse"]
     assert changed["evaluate"] != base["evaluate"]  # chained: everything after a change changes
