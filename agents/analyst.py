@@ -181,10 +181,12 @@ def _check_candidates(cands: Candidates, cfg: AnalysisConfig, failed_ids: set[st
             problems.append(f"{c.name}: names the domain ({', '.join(sorted(hits))}); describe a general capability")
             continue
         resolved = [resolve_id(t, failed_ids) for t in c.example_task_ids]
-        if unknown := [t for t, r in zip(c.example_task_ids, resolved) if r is None]:
-            problems.append(f"{c.name}: example ids {unknown} are not failed trajectories shown")
+        if not any(resolved):  # an example is evidence of the gap: a candidate needs one failed trajectory
+            problems.append(f"{c.name}: example ids {c.example_task_ids} are not failed trajectories shown; "
+                            f"cite failed ones: {', '.join(sorted(i for i in failed_ids if len(i) <= 4)[:8])}")
             continue
-        c.example_task_ids = list(dict.fromkeys(resolved))
+        # an extra id that names a passed (or no) trajectory is dropped, as resolve_id repairs a copied header
+        c.example_task_ids = list(dict.fromkeys(r for r in resolved if r))
         key = frozenset(words - {"and", "of", "the", "to"})
         if any(key <= k or k <= key for k in seen_keys):  # same words, or one name inside the other
             problems.append(f"{c.name}: duplicates another candidate")

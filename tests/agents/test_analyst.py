@@ -474,3 +474,16 @@ def test_a_graded_benchmark_contrasts_at_the_stated_threshold_only_when_too_few_
     analyze(perfect, ScriptedLLM(_labelling_script(set())), tmp_path / "enough", cfg, progress=False)
     assert json.loads((tmp_path / "enough" / "capabilities.json").read_text())["contrast"] == {
         "rule": "passed", "passed_by_benchmark": 3}
+
+
+def test_a_candidate_keeps_its_failed_examples_and_drops_an_extra_passed_one():
+    """A small model cites a failed trajectory and a passed one (the demo's 0.5B did, five times running):
+    the passed one is dropped; a candidate citing no failed trajectory is sent back with the ids it may cite."""
+    from trace_rl.agents.analyst import Candidates, _check_candidates
+
+    cap = lambda ids: Candidates(capabilities=[{"name": "state_tracking", "description": "Does a thing. Well.",  # noqa: E731
+                                                "example_task_ids": ids}])
+    failed = {"T1", "T3"}
+    assert _check_candidates(cap(["T1", "T2"]), AnalysisConfig(), failed)[0].example_task_ids == ["T1"]
+    with pytest.raises(ValueError, match=r"example ids \['T2'\] are not failed trajectories shown; cite failed ones: T1, T3"):
+        _check_candidates(cap(["T2"]), AnalysisConfig(), failed)
