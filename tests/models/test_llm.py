@@ -213,73 +213,29 @@ def suppress_errors():
 
 def test_a_request_without_a_deadline_is_answered():
     """The deadline defaults to the client's timeout: an endpoint that answers at once is answered."""
-    import json as _json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from fake_openai import FakeOpenAI
 
     from trace_rl.models.llm import LLM, LLMConfig
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            body = _json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
-                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-    srv = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        reply = LLM(LLMConfig(model="m", base_url=f"http://127.0.0.1:{srv.server_port}/v1", timeout=30)).chat(
-            [{"role": "user", "content": "hi"}])
-        assert reply.content == "hello" and reply.prompt_tokens == 3
-    finally:
-        srv.shutdown()
+    with FakeOpenAI(tokens=5) as fake:
+        reply = LLM(LLMConfig(model="m", base_url=fake.base_url, timeout=30)).chat([{"role": "user", "content": "hi"}])
+    assert reply.content == "xxxxx" and reply.prompt_tokens == 3
 
 
 def test_requests_go_to_several_endpoints_in_turn_and_an_llm_pickles_without_its_clients():
     """base_url as a list (a fleet of servers behind no balancer, #44): one request each in turn; an LLM shipped
     to another process (executor=ray) makes its clients there."""
-    import json as _json
     import pickle
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from fake_openai import FakeOpenAI
 
     from trace_rl.models.llm import LLM, LLMConfig
 
-    def server(name):
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
-                body = _json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
-                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": name}}],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-        srv = HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        return srv
-    servers = [server("a"), server("b")]
-    try:
-        cfg = LLMConfig(model="m", base_url=[f"http://127.0.0.1:{s.server_port}/v1" for s in servers], timeout=30)
+    with FakeOpenAI(tokens=1) as a, FakeOpenAI(tokens=2) as b:  # told apart by their replies' length
+        cfg = LLMConfig(model="m", base_url=[a.base_url, b.base_url], timeout=30)
         assert cfg.base_url.count(",") == 1  # kept as one comma-separated string
         llm = LLM(cfg)
         hi = [{"role": "user", "content": "hi"}]
-        assert [llm.chat(hi).content for _ in range(4)] == ["a", "b", "a", "b"]
+        assert [llm.chat(hi).content for _ in range(4)] == ["x", "xx", "x", "xx"]
         copy = pickle.loads(pickle.dumps(llm))
-        assert copy._clients is None and [copy.chat(hi).content for _ in range(2)] == ["a", "b"]
-    finally:
-        for s in servers:
-            s.shutdown()
+        assert copy._clients is None and [copy.chat(hi).content for _ in range(2)] == ["x", "xx"]
