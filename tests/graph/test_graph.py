@@ -198,7 +198,7 @@ def test_config_errors_name_the_field(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('benchmark = "tau2:airline"\n[grpo]\ngroup_size = 8\n')
     cfg = load_config(toml, preset="demo")
-    assert cfg.benchmark == "tau2:airline" and cfg.grpo.group_size == 8 and cfg.rollout_tasks == 6
+    assert cfg.benchmark == "tau2:airline" and cfg.grpo.group_size == 8 and cfg.rollout_tasks == 9
     assert cfg.benchmark_options == {}  # the preset's options belong to the benchmark the file replaced
     with pytest.raises(ConfigError, match="unknown preset"):
         load_config(preset="fast")
