@@ -205,7 +205,7 @@ class Pipeline:
         caps = analyze(trajs, self.comps.analyst, self.run.analysis(i), self.cfg.analysis, progress=True,
                        tools=self._tools(), labeller=self.comps.labeller)
         out = self.run.analysis(i).read_capabilities()
-        figures = ("trajectories", "passed", "failed", "hollow", "no_contrast", "labelling_runs")
+        figures = ("trajectories", "passed", "failed", "hollow", "no_contrast", "contrast", "labelling_runs")
         return {"capabilities": caps, "analysis": {k: out.get(k) for k in figures}}
 
     def _tools(self) -> list[dict] | None:

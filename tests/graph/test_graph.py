@@ -60,6 +60,7 @@ def test_full_path_keeps_the_planted_capability_and_loops_verify_to_build(refere
     r1 = json.loads((run / "envs/lookup_before_answering/attempt_01/verifier_report.json").read_text())
     assert not r1["passed"] and "trivial_do_nothing" in r1["feedback"]  # round 1 (reward always 1) failed, went back
     assert s["adapters"]["lookup_before_answering"]["steps"] == 2
+    assert state["analysis"]["contrast"]["rule"] == "passed"  # which split the analysis ran reaches the report
     assert set(s["results"]) == {"base", "lookup_before_answering", "router", "moe"} and s["composition"]
     routes = state["results"]["router"]["routes"]  # what the router row ran, per episode
     assert set(routes) <= {"base", "lookup_before_answering"} and sum(routes.values()) == state["results"]["router"]["episodes"]
