@@ -60,7 +60,7 @@ def test_a_stage_command_reaches_its_models_as_the_pipeline_does(tmp_path, monke
     from trace_rl.graph.pipeline import Pipeline
 
     seen = []
-    monkeypatch.setattr(llm, "served", lambda cfg, serve, rows=64, decode="auto": seen.append(serve) or cfg.model_copy(
+    monkeypatch.setattr(llm, "served", lambda cfg, serve, rows=64, decode="auto", **kw: seen.append(serve) or cfg.model_copy(
         update={"base_url": f"http://{serve}.test/v1"}))
     cfg = _stage_config(RunDir(tmp_path), {"serve": "hf", "analyst": {"model": "qwen2.5-coder-0.5b", "base_url": None},
                                            "builder": {"max_tokens": None}})
