@@ -126,7 +126,8 @@ def test_a_checkpoint_with_damaged_state_is_one_line_saying_how_to_recover(run):
 
 
 def test_status_never_calls_an_empty_or_missing_checkpoint_finished(tmp_path, run):
-    (run / "graph.sqlite").unlink()
+    for f in run.glob("graph.sqlite*"):  # the database and its WAL files (a WAL left beside it would be replayed)
+        f.unlink()
     con = sqlite3.connect(run / "graph.sqlite")  # a database holding no state at all
     con.execute("CREATE TABLE t (x)")
     con.commit()
@@ -134,7 +135,8 @@ def test_status_never_calls_an_empty_or_missing_checkpoint_finished(tmp_path, ru
     out = cli("status", run)
     assert out.returncode == 0 and "not started (the checkpoint holds no state)" in out.stdout, out.stdout + out.stderr
     assert "finished" not in out.stdout
-    (run / "graph.sqlite").unlink()
+    for f in run.glob("graph.sqlite*"):
+        f.unlink()
     out = cli("status", run)
     assert "not started (no checkpoint)" in out.stdout and "finished" not in out.stdout
     assert not (run / "graph.sqlite").exists()  # status reads; it made no checkpoint
