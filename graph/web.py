@@ -171,9 +171,13 @@ def app(run_dir: str | Path, token: str | None = None):
                 return PlainTextResponse(str(err), 409)
         return RedirectResponse("/?msg=Decision+recorded%3B+the+run+continues.", 303)
 
+    async def unreadable(request, err):  # a hand-edited or truncated pending.json: its one-line error, no traceback
+        return PlainTextResponse(str(err), 503)
+
     return Starlette(routes=[Route("/", index), Route("/pending.json", pending), Route("/file", file),
                              Route("/", decide, methods=["POST"]), Route("/decide", decide, methods=["POST"])],
-                     middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(HOSTS))])
+                     middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(HOSTS))],
+                     exception_handlers={RunDirError: unreadable})
 
 
 class PageServer:

@@ -83,7 +83,8 @@ def test_a_decision_naming_nothing_pending_is_400_and_not_recorded(tmp_path, for
     from trace_rl.graph.web import serve
 
     item = ({"id": "capabilities@0", "kind": "capabilities", "title": "t", "items": [{"name": "real_capability_x"}]}
-            if form.startswith("id=capabilities") else {"id": "env:x@0", "kind": "environment", "title": "t"})
+            if form.startswith("id=capabilities") else
+            {"id": "env:x@0", "kind": "environment", "title": "t", "capability": {"name": "x"}})
     (tmp_path / "pending.json").write_text(json.dumps(item))
     server = serve(tmp_path, 0)
     try:
@@ -92,6 +93,24 @@ def test_a_decision_naming_nothing_pending_is_400_and_not_recorded(tmp_path, for
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
         assert err.value.code == 400
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "approvals.json").exists()
+
+
+def test_a_broken_pending_file_is_its_one_line_error_on_every_route(tmp_path):
+    from trace_rl.graph.web import serve
+
+    (tmp_path / "pending.json").write_text(json.dumps({"id": "env:x@0", "kind": "environment", "title": "t"}))
+    server = serve(tmp_path, 0)
+    try:
+        for method, path, data in (("GET", "/", None), ("GET", "/pending.json", None),
+                                   ("POST", "/decide", f"id=env%3Ax%400&action=approve&token={server.token}".encode())):
+            req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}{path}", method=method, data=data)
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req, timeout=10)
+            text = err.value.read().decode()
+            assert err.value.code == 503 and "pending.json" in text and "capability" in text and "\n" not in text
     finally:
         server.shutdown()
     assert not (tmp_path / "approvals.json").exists()

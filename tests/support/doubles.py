@@ -39,7 +39,9 @@ def cli_main(*args) -> tuple[int, str]:
 
     from trace_rl.graph import cli
 
-    real, cli.console.file = cli.console.file, io.StringIO()
+    # the console's own stream, not `.file` (which reads sys.stdout when unset: restoring that would pin this
+    # test's captured stdout into the console for every later test)
+    real, cli.console.file = cli.console._file, io.StringIO()
     sys.argv = ["trace-rl", *args]
     try:
         cli.main()
