@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any, Callable, Protocol
 
-from trace_rl.core.episode import STEP_TIMEOUT_S, Episode, EpisodeFault, Guarded, Score
+from trace_rl.core.episode import STEP_TIMEOUT_S, Episode, EpisodeFault, Guarded, Score, opening
 from trace_rl.models.chat import is_context_length_error
 from trace_rl.core.trajectory import Trajectory
 
@@ -44,7 +44,9 @@ def run_episode(policy: Policy, episode: Episode | Callable[[], Episode], *, tas
     except EpisodeFault as err:  # e.g. the user simulator failed on its first turn: no messages, nothing to score
         termination, error = err.termination, _error(err)
     else:
-        messages = [{"role": "system", "content": episode.system_prompt}, *obs.messages]
+        messages = opening(episode.system_prompt, obs.messages)
+        if not episode.text_tool_calls:  # the benchmark counts only the model's own call format
+            chat_kw = {**chat_kw, "text_tool_calls": False}
         termination = obs.reason if obs.done else None
         max_steps = max_steps or episode.max_steps  # a worker episode learns its limit in reset()
     while termination is None:

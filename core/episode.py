@@ -72,9 +72,10 @@ class Score:
 class Episode(ABC):
     """One attempt at one task. The agent sees `system_prompt` and `tools` only."""
 
-    system_prompt: str
+    system_prompt: str | None  # None: the benchmark has no system prompt, and no system message is sent
     tools: list[dict]  # OpenAI function-tool schemas
     max_steps: int = 30
+    text_tool_calls: bool = True  # False: only calls in the model's own format count; JSON in prose stays prose
     plain_system_prompt: str | None = None  # a hinted episode's prompt without the hint (GRPO's loss conditions on it)
 
     @abstractmethod
@@ -94,6 +95,12 @@ class Episode(ABC):
 
 
 STEP_TIMEOUT_S = 600.0  # a sane default for one reset/step/score call: a user simulator on a CPU may take a minute
+
+
+def opening(system_prompt: str | None, messages: list[dict]) -> list[dict]:
+    """The conversation as the model is shown it: the system message (none where the benchmark declares no
+    system prompt), then `messages`."""
+    return ([] if system_prompt is None else [{"role": "system", "content": system_prompt}]) + list(messages)
 
 
 class EpisodeFault(Exception):
@@ -133,6 +140,7 @@ class Guarded(Episode):
     tools = property(lambda self: self.inner.tools)
     max_steps = property(lambda self: self.inner.max_steps)
     plain_system_prompt = property(lambda self: self.inner.plain_system_prompt)
+    text_tool_calls = property(lambda self: getattr(self.inner, "text_tool_calls", True))
 
     def _call(self, what: str, fn, *args, timeout: float | None = None):
         box: dict = {}
@@ -170,8 +178,10 @@ class Guarded(Episode):
             self.inner = made
         obs = self._observation(self._call("reset", self.inner.reset), "reset")
         prompt, tools, steps = (getattr(self.inner, a, None) for a in ("system_prompt", "tools", "max_steps"))
-        if not isinstance(prompt, str):
-            raise EpisodeFault("env_error", f"system_prompt is {type(prompt).__name__}, not a str")
+        if prompt is not None and not isinstance(prompt, str):
+            raise EpisodeFault("env_error", f"system_prompt is {type(prompt).__name__}, not a str (or None: no system prompt)")
+        if not isinstance(self.text_tool_calls, bool):
+            raise EpisodeFault("env_error", f"text_tool_calls is {type(self.text_tool_calls).__name__}, not a bool")
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
             raise EpisodeFault("env_error", f"tools is {type(tools).__name__}, not a list of tool-schema dicts")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

@@ -97,6 +97,7 @@ class WorkerEpisode(Episode):
         obs = self._call("reset")
         self.system_prompt, self.tools = obs.get("system_prompt", ""), obs.get("tools", [])
         self.max_steps = int(obs.get("max_steps") or self.max_steps)
+        self.text_tool_calls = obs.get("text_tool_calls", True)  # checked at the boundary (Guarded)
         return Observation(obs.get("messages", []), bool(obs.get("done")), obs.get("reason"))
 
     def step(self, content: str, tool_calls: list[dict]) -> Observation:

@@ -3,7 +3,8 @@
     /other/venv/bin/python worker_main.py path/to/side.py:Class      (or package.module:Class)
 
 `Class()` has splits(), tasks(split) -> [{"id", "description"}], episode(task_id) -> an object
-with reset() -> {"system_prompt", "tools", "messages", ["done", "reason"]},
+with reset() -> {"system_prompt" (null: none is sent), "tools", "messages", ["done", "reason", "max_steps",
+"text_tool_calls"]},
 step(content, tool_calls) -> {"messages", "done", "reason"}, score(termination) ->
 {"reward", "passed", "reasons"} and optionally close(); spec() is optional. An episode's other
 public methods are reached as {"op": "call", "args": [eid, "method", ...]}, for the benchmark's own

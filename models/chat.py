@@ -133,15 +133,16 @@ def _as_tool_call(obj: dict, names: set[str] | None) -> ToolCall | None:
     return ToolCall(name=name, arguments=args)
 
 
-def parse_tool_calls(text: str, names: set[str] | None = None) -> list[ToolCall]:
+def parse_tool_calls(text: str, names: set[str] | None = None, loose: bool = True) -> list[ToolCall]:
     """Tool calls written as text: <tool_call> tags, ```json fences, or bare JSON objects.
 
     Small models often answer a tool-use turn with JSON in the message body instead of
-    a `tool_calls` entry; `names` (the offered tools) keeps prose JSON from matching.
+    a `tool_calls` entry; `names` (the offered tools) keeps prose JSON from matching. `loose=False`
+    (a benchmark that turns text calls off): only <tool_call> tags, the chat template's own format.
     """
     if not text or "{" not in text:
         return []
-    chunks = _TAG.findall(text) or _FENCE.findall(text) or [text]
+    chunks = _TAG.findall(text) or (_FENCE.findall(text) or [text] if loose else [])
     return [tc for chunk in chunks for obj in _json_objects(chunk) if (tc := _as_tool_call(obj, names))]
 
 

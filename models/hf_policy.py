@@ -153,7 +153,7 @@ class HFPolicy:
         return cls(net, tok, name, **kw)
 
     def chat(self, messages: list[dict], tools: list[dict] | None = None, temperature: float = 0.0,
-             max_tokens: int | None = None, **_) -> Reply:
+             max_tokens: int | None = None, text_tool_calls: bool = True, **_) -> Reply:
         from trace_rl.models.engine import Request
 
         ids = encode(self.tokenizer, render(self.tokenizer, messages, tools, add_generation_prompt=True))
@@ -161,7 +161,7 @@ class HFPolicy:
         new = self.batcher.submit(Request(ids, max_tokens or self.max_new_tokens, temperature,
                                           self.tag(messages, tools)))
         text = self.tokenizer.decode(new, skip_special_tokens=True).strip()
-        calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}) if tools else []
+        calls = parse_tool_calls(text, {t["function"]["name"] for t in tools}, loose=text_tool_calls) if tools else []
         reply = Reply(content="" if calls else text, tool_calls=calls, prompt_tokens=len(ids),
                       completion_tokens=len(new), seconds=time.perf_counter() - t0, tool_calls_from_text=bool(calls))
         with self._usage_lock:

@@ -264,9 +264,12 @@ class LLM:
                      prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
                      completion_tokens=getattr(usage, "completion_tokens", 0) or 0, seconds=dt)
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None, **kw) -> Reply:
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, text_tool_calls: bool = True,
+             **kw) -> Reply:
+        """One reply; with `text_tool_calls`, calls a small model wrote as text (JSON in the body) are
+        recovered into `tool_calls` and marked so."""
         reply = self._complete(messages, tools, **kw)
-        if tools and not reply.tool_calls:
+        if tools and text_tool_calls and not reply.tool_calls:
             names = {t["function"]["name"] for t in tools}
             if calls := parse_tool_calls(reply.content, names):
                 reply.tool_calls, reply.tool_calls_from_text = calls, True

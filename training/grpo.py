@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from trace_rl.core.episode import Guarded
+from trace_rl.core.episode import Guarded, opening
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.rundir import GRPODir
 from trace_rl.core.trajectory import Trajectory, TrajectoryStore
@@ -115,10 +115,9 @@ class TokenRollout:
         ep = Guarded(lambda: hinted_episode(self.bench, task_id, hinted))  # a plugin's hang, SystemExit: an error
         obs = ep.reset()
         plain = ep.plain_system_prompt or ep.system_prompt
-        ids = lambda system: encode(self.tok, render(self.tok, [{"role": "system", "content": system}, *obs.messages],
-                                                     ep.tools, add_generation_prompt=True))
-        te = TokenEpisode(task_id, hinted, ids(plain), ids(ep.system_prompt),
-                          messages=[{"role": "system", "content": plain}, *obs.messages])
+        ids = lambda system: encode(self.tok, render(self.tok, opening(system, obs.messages), ep.tools,
+                                                     add_generation_prompt=True))
+        te = TokenEpisode(task_id, hinted, ids(plain), ids(ep.system_prompt), messages=opening(plain, obs.messages))
         if obs.done:
             te.termination = obs.reason or "env_done"
         return te, ep
@@ -132,7 +131,7 @@ class TokenRollout:
             te.completion_ids.append(self.stops[0])
             te.env_mask.append(0)
         text = self.tok.decode(new, skip_special_tokens=True).strip()
-        calls = parse_tool_calls(text, {t["function"]["name"] for t in ep.tools})
+        calls = parse_tool_calls(text, {t["function"]["name"] for t in ep.tools}, loose=ep.text_tool_calls)
         msg = Reply(content="" if calls else text, tool_calls=calls).to_message()
         te.messages.append(msg)
         obs = ep.step(msg.get("content") or "", msg.get("tool_calls") or [])

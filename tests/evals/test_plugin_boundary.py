@@ -59,6 +59,8 @@ CASES = {
     "passed is a string": (dict(score=lambda term: Score(1.0, "yes")), "env_error", "a bool is required"),
     "tools is a string": (dict(tools="search"), "env_error", "tools is str"),
     "max_steps is zero": (dict(max_steps=0), "env_error", "max_steps is 0"),
+    "system_prompt is a number": (dict(system_prompt=3), "env_error", "system_prompt is int"),
+    "text_tool_calls is a string": (dict(text_tool_calls="no"), "env_error", "text_tool_calls is str"),
 }
 
 
