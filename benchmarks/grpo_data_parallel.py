@@ -3,7 +3,7 @@
 `CapabilityGRPO` splits the global batch into whole groups per process (trl gathers the rewards
 for the advantages), so 1 and N processes train on the same batches. This script runs it on a
 random-init model of a real architecture (no weights needed) against an in-process toy benchmark
-whose reward varies with sampled text (`tests/letters.py`), and records per step: reward,
+whose reward varies with sampled text (`tests/support/letters.py`), and records per step: reward,
 loss, rollout seconds and training seconds. Launch it exactly as a user launches GRPO:
 
     accelerate launch --num_processes 2 benchmarks/grpo_data_parallel.py --config 1.5b --out dp2.json   # 2 GPUs
