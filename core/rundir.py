@@ -11,6 +11,7 @@ a run moved to another machine all find the same files.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import json
@@ -345,6 +346,21 @@ def _checked_members(tar: tarfile.TarFile, run: str, where: Path) -> tuple[list[
     return members, size
 
 
+def _remove_killed_unpacks(into: Path, run: str) -> None:
+    """A killed `unpack` leaves its hidden `.RUN.unpacking-PID` folder (never a half-written run): the next
+    unpack of that run removes the ones whose process is gone, and leaves a live one's alone."""
+    for left in into.glob(f".{glob.escape(run)}.unpacking-*"):
+        pid = left.name.rpartition("-")[2]
+        if not pid.isdigit() or left.is_symlink() or not left.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(left, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass  # alive under another user, or no such pid at all: not ours to judge
+
+
 def unpack(parts_dir: Path, into: Path) -> Path:
     """The inverse of `RunDir.pack`. The archive is untrusted: its manifest is validated, its parts checked
     against their sha256, every member checked (one root named as the manifest's run, plain files and folders
@@ -380,6 +396,7 @@ def unpack(parts_dir: Path, into: Path) -> Path:
                               f"{free / 1e6:.1f} MB free; free some space or unpack with --into elsewhere")
         made = not into.exists()
         into.mkdir(parents=True, exist_ok=True)
+        _remove_killed_unpacks(into, m.run)
         tmp = into / f".{m.run}.unpacking-{os.getpid()}"
         try:
             tar.extractall(tmp, members=members, filter="data")

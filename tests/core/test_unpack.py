@@ -160,3 +160,16 @@ def test_a_packed_run_round_trips_without_its_lock(tmp_path):
         run.pack(tmp_path / "parts")
     moved = unpack(tmp_path / "parts", tmp_path / "there")
     assert (moved / "iter_0" / "x.txt").read_text() == "kept" and not (moved / "run.lock").exists()
+
+
+def test_a_killed_unpacks_hidden_folder_is_removed_by_the_next_and_a_live_ones_kept(tmp_path):
+    runs = tmp_path / "runs"
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()  # its pid is gone: the folder it left is debris
+    (runs / f".r.unpacking-{killed.pid}" / "r").mkdir(parents=True)
+    live = runs / f".r.unpacking-{os.getppid()}"  # a process that is alive: an unpack still under way
+    live.mkdir()
+    other = runs / f".q.unpacking-{killed.pid}"  # another run's: not this unpack's to judge
+    other.mkdir()
+    assert unpack(archive(tmp_path / "parts", GOOD), runs) == runs / "r"
+    assert sorted(p.name for p in runs.iterdir()) == sorted(["r", live.name, other.name])
