@@ -72,7 +72,7 @@ class WriterLock:
         import time
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        key = os.path.realpath(self.path)
+        key = self._key = os.path.realpath(self.path)  # kept: a relative path means another file after a chdir
         with self._mutex:
             if key in self._held:
                 self._held[key][1] += 1
@@ -92,7 +92,7 @@ class WriterLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        key = os.path.realpath(self.path)
+        key = self._key
         with self._mutex:
             entry = self._held[key]
             entry[1] -= 1

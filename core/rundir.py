@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from trace_rl.core.io import WriterLock, atomic_write, atomic_write_json
+from trace_rl.core.trajectory import STORE_LOCK
 
 
 class RunDirError(ValueError):
@@ -275,7 +276,7 @@ class RunDir(Folder):
                 raise RunDirError(f"{path}: must hold a JSON object; {fix}")
 
     # ------------------------------------------------------------ moving a run between machines
-    PACK_SKIP = ("checkpoints", "stale", "tensorboard", LOCK, APPROVALS_LOCK)  # resumable state others can rebuild, or history
+    PACK_SKIP = ("checkpoints", "stale", "tensorboard", LOCK, APPROVALS_LOCK, STORE_LOCK)  # resumable state others can rebuild, or history
 
     def pack(self, out_dir: Path, part_mb: int = 15) -> list[Path]:
         """The run as one gzipped tar in parts of <= part_mb MiB (a transfer may limit file sizes), with

@@ -11,12 +11,15 @@ import math
 import os
 import sys
 import threading
+import weakref
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from trace_rl.core.io import atomic_write_json
+from trace_rl.core.io import WriterLock, atomic_write_json
+
+STORE_LOCK = "store.lock"  # held by the one process that appends to a store
 
 
 @dataclass
@@ -95,7 +98,9 @@ class TrajectoryStore:
     kept verbatim (with its line number) in quarantine.jsonl next to it and reported once; a
     torn tail (a killed writer's last, unterminated line) is moved to quarantine only by the
     writer, when it next appends; the writer rewrites index.json after every append, from
-    what it loaded plus what it added, so the index lists exactly the readable episodes."""
+    what it loaded plus what it added, so the index lists exactly the readable episodes. One process
+    writes a store: its first append takes store.lock (held while it lives), and an append from a
+    second process is refused in one line naming the holder (`core.io.Busy`)."""
 
     def __init__(self, directory: str | Path, log: Callable[[str], None] | None = None):
         self.dir = Path(directory)
@@ -104,6 +109,7 @@ class TrajectoryStore:
         self.index_path = self.dir / "index.json"
         self.quarantine_path = self.dir / "quarantine.jsonl"
         self._lock = threading.Lock()
+        self._writer: WriterLock | None = None
         self._items: dict[str, Trajectory] = {}
         self._torn = 0  # bytes of a torn last line, repaired at the next append
         self._unterminated = 0  # the last line is a whole episode without its newline
@@ -190,6 +196,9 @@ class TrajectoryStore:
         with self._lock:
             if traj.key in self._items and not replace:
                 return
+            if self._writer is None:  # another process appending here would tear lines and race on index.json
+                self._writer = WriterLock(self.dir / STORE_LOCK, f"the trajectory store {self.dir}").__enter__()
+                weakref.finalize(self, self._writer.__exit__, None, None, None)  # released with the store
             if self._torn:
                 self._repair_torn_tail()
             with open(self.path, "ab") as f:

@@ -267,3 +267,28 @@ def test_a_stored_line_of_the_wrong_shape_is_quarantined_and_its_episode_redone(
     assert len(again) == 1 and len(logged) == 1
     trajs = rollout(b, gold_policy(b), [t.id for t in b.tasks("test")[:2]], again, progress=False)
     assert [t.passed for t in trajs] == [True, True] and len(TrajectoryStore(tmp_path)) == 2
+
+
+def test_one_process_appends_to_a_store_and_a_second_is_refused_in_one_line(tmp_path):
+    from trace_rl.core.io import Busy
+    from trace_rl.core.trajectory import Trajectory
+
+    episode = lambda tid: Trajectory(task_id=tid, benchmark="b", trial=0, model="m", messages=[], reward=1.0,  # noqa: E731
+                                     passed=True, termination="agent_stop")
+    mine = TrajectoryStore(tmp_path)
+    mine.add(episode("a"))
+    TrajectoryStore(tmp_path).add(episode("b"))  # this process again (a stage's second view): the same writer
+    other = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from trace_rl.core.trajectory import Trajectory, TrajectoryStore
+        TrajectoryStore({str(tmp_path)!r}).add(Trajectory(task_id="c", benchmark="b", trial=0, model="m", messages=[],
+                                                          reward=0.0, passed=False, termination="agent_stop"))""")],
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and f"the trajectory store {tmp_path} is in use by pid {os.getpid()}" in other.stderr
+    assert Busy.__name__ in other.stderr.strip().splitlines()[-1]
+    assert [t.task_id for t in TrajectoryStore(tmp_path).all()] == ["a", "b"]  # reading needs no lock
+    del mine
+    import gc
+    gc.collect()  # every store of this process gone: the lock goes with them
+    after = subprocess.run(other.args, capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after.stderr
+    assert [t.task_id for t in TrajectoryStore(tmp_path).all()] == ["a", "b", "c"]
