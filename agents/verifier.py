@@ -413,7 +413,8 @@ def difficulty_verdict(stats: dict, cfg: VerifyConfig) -> str | None:
     lo, hi = cfg.band
     if stats["mean_reward"] < lo or stats["success_rate"] < lo or stats["all_zero_groups"] > cfg.max_all_zero_groups:
         return "too_hard"
-    if stats["mean_reward"] > hi or stats["success_rate"] > hi or stats["all_success_groups"] > cfg.max_all_success_groups:
+    if stats["mean_reward"] > hi or stats["success_rate"] > hi or \
+            stats["all_success_groups"] > cfg.max_all_success_groups:
         return "too_easy"
     return "flat"
 
