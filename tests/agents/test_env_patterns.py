@@ -54,13 +54,14 @@ CHOICES = [  # (domain, choice): one or more per pattern, on three τ² domains
 ]
 
 
+@pytest.mark.parametrize("level", env_patterns.LEVELS)
 @pytest.mark.parametrize("domain, choice", CHOICES, ids=[f"{d}-{c['pattern']}" for d, c in CHOICES])
-def test_an_expanded_choice_passes_the_runtimes_checks_and_only_the_reference_wins(domain, choice):
+def test_an_expanded_choice_passes_the_runtimes_checks_and_only_the_reference_wins(domain, choice, level):
     from trace_rl.agents.builders.spec import copies_starter
     from trace_rl.agents.env_spec import EnvSpec
 
     tools = tools_of(domain)
-    spec = expand(choice, tools)
+    spec = expand(choice, tools, level)
     assert EnvSpec.model_validate(spec).to_spec() == spec
     assert spec_env.check_spec(spec, tools, range(8)) == []  # reference wins, trivial replies lose, tasks vary
     assert not copies_starter(spec, tools)
@@ -125,6 +126,138 @@ def test_multi_write_needs_every_write_and_compute_then_act_the_product():
     assert right["arguments"]["amount"] == amount["count"] * amount["each"]
     summed = {**right["arguments"], "amount": amount["count"] + amount["each"]}
     assert not play(env, 4, [call("send_certificate", **summed), {"content": "Done."}])["success"]
+
+
+# ---------------------------------------------------------------- difficulty levels
+ONE_EACH = CHOICES[::2] + CHOICES[7:]  # one choice per pattern
+
+
+def first_message(env, seed):
+    return env.reset(seed)["messages"][0]["content"]
+
+
+def test_every_pattern_has_words_for_each_harder_level_and_level_1_is_the_default():
+    assert env_patterns.LEVELS == (1, 2, 3) and set(env_patterns.HARDER) == set(env_patterns.PATTERNS)
+    assert all(set(levels) == {2, 3} for levels in env_patterns.HARDER.values())
+    for domain, choice in ONE_EACH:
+        tools = tools_of(domain)
+        assert expand(choice, tools) == expand(choice, tools, 1) != expand(choice, tools, 2) != expand(choice, tools, 3)
+
+
+def test_lookup_then_act_harder_the_user_names_another_records_value_and_then_its_near_identical_key():
+    tools = tools_of("telecom")
+    for level in (2, 3):
+        env = spec_env.SpecEnv(expand(CHOICES[0][1], tools, level), tools)
+        env.reset(0)
+        assert 6 <= len(env.state["customer"]) <= 16  # more records than level 1's 3 to 6
+        for seed in range(8):
+            lookup, write = reference_calls(env, seed)
+            stale = env.task["other"]["customer_id"]  # a real record's, never this one's
+            assert stale != write["arguments"]["customer_id"] and f"I think my customer id is {stale}" in \
+                first_message(env, seed)
+            trusting = {**write["arguments"], "customer_id": stale}  # the lookup done, its answer ignored
+            assert not play(env, seed, [call(lookup["name"], **lookup["arguments"]), call(write["name"], **trusting),
+                                        {"content": "Done."}])["success"]
+    env = spec_env.SpecEnv(expand(CHOICES[0][1], tools, 3), tools)
+    for seed in range(8):
+        (lookup, _), decoy = reference_calls(env, seed), env.task["other"]["phone_number"]
+        assert f"is not {decoy}, it is {lookup['arguments']['phone_number']}" in first_message(env, seed)
+        assert decoy[:6] == lookup["arguments"]["phone_number"][:6] == "555-10"  # near-identical keys
+        env.reset(seed)
+        looked = env.step(call("get_customer_by_phone", phone_number=decoy))["messages"][0]["content"]
+        assert json.loads(looked)["customer_id"] == env.task["other"]["customer_id"]  # the decoy is a real record
+
+
+def test_guarded_action_harder_blocks_values_that_read_almost_like_the_allowed_one():
+    tools = tools_of("telecom")
+    statuses = {}
+    for level in (2, 3):
+        spec = expand(GUARDED, tools, level)
+        statuses[level] = set(spec["entities"]["customer"]["fields"]["status"]["values"])
+        env = spec_env.SpecEnv(spec, tools)
+        drawn = set()
+        for seed in range(40):
+            env.reset(seed)
+            drawn.add(env.task["record"]["status"])
+        near = drawn - {"Active", "Pending", "Closed"}
+        assert near and all("Active" in s for s in near)  # seen, and near-misses of the allowed value
+        for seed in range(40):
+            calls = reference_calls(env, seed)
+            if env.task["record"]["status"] in near:
+                assert len(calls) == 1  # the reference only looks, and refuses
+                acting = [call(c["name"], **c["arguments"]) for c in calls]
+                write = call("suspend_line", customer_id=calls[0]["arguments"]["customer_id"],
+                             line_id=env.task["stated_line_id"], reason=env.task["stated_reason"])
+                assert not play(env, seed, [*acting, write, {"content": "Done."}])["success"]
+            assert ("My status is Active, so it is allowed." in first_message(env, seed)) is (level == 3)
+    assert statuses[2] == {"Active", "Pending", "Closed", "Active pending", "formerly Active"}
+    assert statuses[3] == statuses[2] | {"pre-Active", "Active (expired)"}
+    rule = expand(GUARDED, tools, 3)["system_prompt"]
+    assert "status is Active." in rule and "pending" not in rule  # the policy names the allowed value only
+
+
+def test_exact_arguments_harder_says_values_beside_decoys():
+    tools = tools_of("retail")
+    env = spec_env.SpecEnv(expand(CHOICES[4][1], tools, 2), tools)
+    text = first_message(env, 1)
+    (right,) = reference_calls(env, 1)
+    wrong = env.task["stated_reason"]["wrong"]
+    assert text.count(" is not ") == 1 and f"My reason is not {wrong}, it is {right['arguments']['reason']}." in text
+    misled = {**right["arguments"], "reason": wrong}
+    assert not play(env, 1, [call(right["name"], **misled), {"content": "x"}])["success"]
+    env = spec_env.SpecEnv(expand(CHOICES[4][1], tools, 3), tools)
+    text = first_message(env, 1)
+    (right,) = reference_calls(env, 1)
+    decoy = env.task["other"]["order_id"]
+    assert text.count(" is not ") == len(right["arguments"]) and f"is not {decoy}, it is" in text  # the key too
+    env.reset(1)  # the decoy key is a real order: the call goes through, on the wrong one
+    out = env.step(call(right["name"], **{**right["arguments"], "order_id": decoy}))["messages"][0]["content"]
+    assert not out.startswith("Error") and not play(env, 1, [call(right["name"], **{**right["arguments"],
+                                                            "order_id": decoy}), {"content": "x"}])["success"]
+    props = {"name": {"type": "string"}, "party_date": {"type": "string"}, "guests": {"type": "integer"},
+             "seating": {"type": "string", "enum": ["inside", "terrace"]}, "note": {"type": "string"}}
+    booking = [{"type": "function", "function": {"name": "book_table", "parameters": {
+        "type": "object", "properties": props, "required": ["name"]}}}]
+    choice = {"pattern": "exact_arguments", "write_tool": "book_table", "request": "book a table"}
+    stated = [reference_calls(spec_env.SpecEnv(expand(choice, booking, level), booking), 1)[0]["arguments"]
+              for level in (1, 2, 3)]
+    assert [len(a) for a in stated] == [2, 3, 4]  # one more optional argument to state per level
+    assert spec_env.check_spec(expand(choice, booking, 3), booking, range(8)) == []
+
+
+def test_multi_write_harder_asks_for_every_write_on_two_then_three_records():
+    tools = tools_of("telecom")
+    for level in (2, 3):
+        env = spec_env.SpecEnv(expand(CHOICES[6][1], tools, level), tools)
+        calls = reference_calls(env, 2)
+        ids = [c["arguments"]["customer_id"] for c in calls]
+        assert len(calls) == 2 * level and len(set(ids)) == level and all(i in first_message(env, 2) for i in ids)
+        first_only = [call(c["name"], **c["arguments"]) for c in calls if c["arguments"]["customer_id"] == ids[0]]
+        part = play(env, 2, [*first_only, {"content": "Done."}])
+        assert part["reward"] == pytest.approx(1 / level, abs=0.01) and not part["success"]
+        assert play(env, 2, lambda e: e.solve())["success"]
+
+
+def test_compute_then_act_harder_takes_a_discount_then_a_second_item():
+    tools = tools_of("airline")
+    for level in (2, 3):
+        env = spec_env.SpecEnv(expand(COMPUTE, tools, level), tools)
+        for seed in range(6):
+            (right,) = reference_calls(env, seed)
+            a = env.task["amount"]
+            total = a["count"] * a["each"] + (a["count2"] * a["each2"] if level == 3 else 0) - a["discount"]
+            assert right["arguments"]["amount"] == total > 0 and f"with {a['discount']} off" in first_message(env, seed)
+            undiscounted = {**right["arguments"], "amount": total + a["discount"]}
+            assert not play(env, seed, [call("send_certificate", **undiscounted), {"content": "Done."}])["success"]
+    said = [expand(COMPUTE, tools, level)["user_message"] for level in (2, 3)]
+    assert "count2" not in said[0] and "count2" in said[1]
+
+
+@pytest.mark.parametrize("difficulty", [0, 4, "2", 2.0, True])
+def test_a_difficulty_outside_the_levels_is_an_error_naming_it(difficulty):
+    with pytest.raises(PatternError, match="difficulty: must be one of 1, 2, 3") as err:
+        expand(GUARDED, tools_of("telecom"), difficulty)
+    assert err.value.field == "difficulty"
 
 
 # ---------------------------------------------------------------- malformed and hostile choices
@@ -448,16 +581,17 @@ def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("domain, choice", CHOICES[::2], ids=[f"{d}-{c['pattern']}" for d, c in CHOICES[::2]])
-def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(domain, choice, sandbox_image):
+@pytest.mark.parametrize("level", env_patterns.LEVELS)
+@pytest.mark.parametrize("domain, choice", ONE_EACH, ids=[f"{d}-{c['pattern']}" for d, c in ONE_EACH])
+def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(domain, choice, level, sandbox_image):
     """What check_spec does not run: random tool calls and echoing the prompt (the target's policy in
-    it) must not score either."""
+    it) must not score either, at every difficulty level."""
     from trace_rl.agents.env_spec import render_module
     from trace_rl.agents.verifier import VerifyConfig, automatic_checks
     from trace_rl.evals.benchmark import load_benchmark
 
     tools = tools_of(domain)
-    module = render_module(expand(choice, tools), tools, load_benchmark(f"tau2:{domain}").spec()["policy"])
+    module = render_module(expand(choice, tools, level), tools, load_benchmark(f"tau2:{domain}").spec()["policy"])
     findings, _ = automatic_checks(module, tools, VerifyConfig(seeds=12, determinism_seeds=2))
     assert {f.check for f in findings} >= {"trivial_random_tools", "answer_leak", "reference_solver"}
     assert all(f.passed for f in findings), [f for f in findings if not f.passed]
