@@ -454,6 +454,7 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert "guarded_action" in builder.requests[0][0]["content"] and "suspend_line(" in builder.requests[0][1]["content"]
     manifest = json.loads((adir / "manifest.json").read_text())
     assert manifest["origin"] == "pattern:guarded_action" and manifest["note"] == PATTERN_NOTE
+    assert manifest["difficulty"] == 1 == json.loads((adir / "difficulty.json").read_text())["difficulty"]
     assert record.status == "verified" and record.source == "pattern:guarded_action"
     (row,) = [r for r in stage_summary({"envs": {cap.name: record}}) if r["stage"] == "synthesise"]
     assert PATTERN_NOTE in row["detail"] and "guarded_action" in row["detail"]
@@ -559,6 +560,122 @@ def test_a_later_round_may_not_send_the_failed_binding_again(tmp_path):
     again = RecordingLLM([json.dumps(reworded), json.dumps(GUARDED)])
     build_attempt(again, PRECONDITION, target, [], tmp_path, 3, "no valid choice", None, mode="pattern")
     assert json.loads((tmp_path / "attempt_03" / "builder_choice.json").read_text()) == GUARDED
+
+
+def calibrated_round(folder, choice: dict, level: int, groups: list[list[float]], gate: bool = True):
+    """A finished round in `folder`: the choice, its level, and a verifier report whose calibration over
+    `groups` (8 seeds x 4) is computed by the verifier's own functions, as verify() records it."""
+    from trace_rl.agents.verifier import (Finding, VerifierReport, VerifyConfig, calibration_result,
+                                          certain_rejection)
+    from trace_rl.core.rundir import Attempt
+
+    cfg = VerifyConfig(calib_seeds=8, calib_samples=4, calibration_gate=gate)
+    c = calibration_result(groups, certain_rejection(groups, cfg), cfg)
+    report = VerifierReport([Finding("calibration", c["accepted"] or not gate, "figures")], calibration=c)
+    folder.mkdir(parents=True)
+    (folder / "builder_choice.json").write_text(json.dumps(choice))
+    (folder / "difficulty.json").write_text(json.dumps({"difficulty": level}))
+    (folder / "verifier_report.json").write_text(json.dumps({**report.to_dict(), "feedback": report.feedback()}))
+    return Attempt(folder)
+
+
+EASY, HARD, FINE = [[1, 1, 1, 1]] * 3, [[0, 0, 0, 0]] * 2, [[1, 0, 0, 0], [0, 1, 1, 0]] * 4
+
+
+@pytest.mark.parametrize("level, groups, gate, retry", [
+    (1, EASY, True, 2), (2, EASY, True, 3), (3, EASY, True, None),  # no level above 3
+    (2, HARD, True, 1), (1, HARD, True, None),  # none below 1
+    (1, FINE, True, None), (1, EASY, False, None)])  # accepted; advisory calibration does not fail the round
+def test_only_a_round_calibration_failed_as_too_easy_or_too_hard_offers_its_choice_again(tmp_path, level, groups,
+                                                                                          gate, retry):
+    from trace_rl.agents.builders.pattern import retry_after
+
+    got = retry_after([calibrated_round(tmp_path / "attempt_01", CHOICES[4][1], level, groups, gate)])
+    assert (got and got.level) == retry
+    if got:
+        assert got.choice == CHOICES[4][1] and got.verdict == ("too_easy" if groups is EASY else "too_hard")
+
+
+def test_the_same_choice_after_too_easy_is_expanded_one_level_harder_and_recorded(tmp_path):
+    """Round 1 (exact_arguments at level 1) was too easy: round 2's builder is told it may send it again and
+    does; code expands it at level 2 and the round records the level. Another choice starts at 1, and a
+    level a binding already failed at is not offered (calibration said too hard at 2: 1 was too easy)."""
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.builders.pattern import write_pattern
+    from trace_rl.agents.env_builder import build_attempt
+
+    target = Target("tau2:retail", tools_of("retail"), "Be nice.", "")
+    exact, cap = CHOICES[4][1], Capability(name="argument_precision", description="Passes exact argument values.")
+    calibrated_round(tmp_path / "attempt_01", exact, 1, EASY)
+    reworded = {**exact, "request": "cancel the order"}  # the same binding in other words
+    again = RecordingLLM([json.dumps(reworded)])
+    build_attempt(again, cap, target, [], tmp_path, 2, "- calibration: too easy", json.dumps(exact), mode="pattern")
+    adir = tmp_path / "attempt_02"
+    assert json.loads((adir / "difficulty.json").read_text()) == {
+        "pattern": "exact_arguments", "difficulty": 2, "why": "the previous round's env, the same pattern and tools "
+                                                             "at difficulty 1, was too easy for the base model"}
+    assert json.loads((adir / "spec.json").read_text()) == expand(reworded, target.tools, 2)
+    assert "builder_choice.json" in {p.name for p in adir.iterdir()} and "difficulty" not in (
+        adir / "builder_choice.json").read_text()  # the model's choice as it wrote it: the level is code's
+    prompt = again.requests[0][-1]["content"]
+    assert "You may send the same pattern and tools again: code will make the task harder (difficulty 2 of 3: " \
+           + env_patterns.HARDER["exact_arguments"][2] in prompt and "Do not send the previous choice" not in prompt
+    # another binding after a too-easy round starts at 1
+    other = {"pattern": "exact_arguments", "write_tool": "modify_user_address", "request": "move me"}
+    calibrated_round(tmp_path / "b" / "attempt_01", exact, 1, EASY)
+    build_attempt(RecordingLLM([json.dumps(other)]), cap, target, [], tmp_path / "b", 2, "x", "y", mode="pattern")
+    assert json.loads((tmp_path / "b" / "attempt_02" / "difficulty.json").read_text())["difficulty"] == 1
+    # round 2 (level 2) too hard: level 1 already failed, so nothing is offered and the repeat is refused
+    calibrated_round(tmp_path / "c" / "attempt_01", exact, 1, EASY)
+    calibrated_round(tmp_path / "c" / "attempt_02", exact, 2, HARD)
+    third = RecordingLLM([json.dumps(exact), json.dumps(other)])
+    build_attempt(third, cap, target, [], tmp_path / "c", 3, "- calibration: too hard", json.dumps(exact),
+                  mode="pattern")
+    assert "You may send the same" not in third.requests[0][-1]["content"]
+    assert "same pattern and tools as your previous choice" in third.requests[1][-1]["content"]
+    assert json.loads((tmp_path / "c" / "attempt_03" / "builder_choice.json").read_text()) == other
+    # write_pattern alone: with no retry, a failed binding is refused at any level it failed at
+    with pytest.raises(ValueError, match="same pattern and tools"):
+        write_pattern(RecordingLLM([json.dumps(exact)]), cap, target, "x", "y", attempts=1,
+                      failed=[{**exact, "difficulty": 1}])
+
+
+@pytest.mark.docker
+def test_too_easy_then_too_hard_moves_the_level_up_then_offers_nothing_back(tmp_path, sandbox_image):
+    """The loop for real (sandbox, verifier, calibration): a literal-minded base policy calls the tool with every
+    "My X is Y." it reads. It solves exact_arguments at level 1 every time: calibration stops early, too easy.
+    Round 2 sends the same choice; code expands it at level 2, where the policy misses the value said beside a
+    decoy: too hard. Round 3 is not offered level 1 again (too easy already) and the same choice is refused."""
+    import re
+
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.env_builder import build_attempt, synthesize_round
+    from trace_rl.agents.verifier import VerifyConfig
+    from trace_rl.models.scripted import ToolCall
+
+    def literal(messages, tools):
+        if messages[-1]["role"] != "user":
+            return "Done."
+        said = re.findall(r"My ([a-z ]+?) is ([^\s,]+?)\.(?:\s|$)", messages[-1]["content"])
+        return ToolCall(tools[0]["function"]["name"], {k.replace(" ", "_"): v for k, v in said})
+
+    target = Target("tau2:retail", tools_of("retail"), "Be nice.", "")
+    exact, cap = CHOICES[4][1], Capability(name="argument_precision", description="Passes exact argument values.")
+    cfg = VerifyConfig(seeds=8, determinism_seeds=1, calib_seeds=6, calib_samples=2)
+    for rnd, verdict, why in ((1, "too_easy", "all-success"), (2, "too_hard", "all-zero")):
+        record = synthesize_round(cap, target, RecordingLLM([json.dumps(exact)]), tmp_path, rnd, cfg=cfg,
+                                  base_policy=ScriptedLLM(literal), mode="pattern", max_rounds=3, log=lambda *a: None)
+        adir = tmp_path / f"attempt_{rnd:02d}"
+        report, manifest = (json.loads((adir / f).read_text()) for f in ("verifier_report.json", "manifest.json"))
+        assert record is None and manifest["difficulty"] == rnd and manifest["calibration"]["verdict"] == verdict
+        assert [f["check"] for f in report["findings"] if not f["passed"]] == ["calibration"]
+        assert f"stopped after 2 of 6 groups: {why} groups are already 2 of 6" in report["feedback"]
+    other = {"pattern": "exact_arguments", "write_tool": "modify_user_address", "request": "move me"}
+    third = RecordingLLM([json.dumps(exact), json.dumps(other)])
+    build_attempt(third, cap, target, [], tmp_path, 3, "- calibration: too hard", json.dumps(exact), mode="pattern")
+    assert "You may send the same" not in third.requests[0][-1]["content"]
+    assert "same pattern and tools as your previous choice" in third.requests[1][-1]["content"]
+    assert json.loads((tmp_path / "attempt_03" / "difficulty.json").read_text())["difficulty"] == 1
 
 
 def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
