@@ -7,7 +7,7 @@
    low too (else the answer is leaked); instances vary across seeds;
 2. a verifier LLM reviews the code and sample episodes for reward hacks and leaks;
 3. calibration with the base model: mean reward and success rate in a band, and the
-   group statistics from the method (TRACE §3).
+   group statistics from the method (TRACE §3); it stops as soon as the rejection is certain.
 """
 from __future__ import annotations
 
