@@ -335,15 +335,71 @@ def _text(s: str, limit: int = 100) -> str:
     return " ".join(re.sub(r"[{}]", "", str(s)).split())[:limit].rstrip(" .")
 
 
+# difficulty: 1 is each pattern as first written; a level above makes the same capability harder to
+# exercise (calibration found the env too easy), decided here, never by the model
+LEVELS = (1, 2, 3)
+HARDER = {  # what each level above 1 changes, per pattern: said to the builder and in docs/builder-modes.md
+    "lookup_then_act": {2: "more records, and the user also names the value another record holds for the argument "
+                           "only the lookup tells (a stale one)",
+                        3: "as 2, and the user's key is said beside that other record's key, near-identical "
+                           "('not X, it is Y')"},
+    "guarded_action": {2: "blocked values that differ from an allowed one only slightly ('Active pending', "
+                          "'formerly Active')",
+                       3: "four such near-misses of each allowed value, and the user claims the record is allowed"},
+    "exact_arguments": {2: "one more optional argument to state, and one value said beside a decoy ('not X, it is Y')",
+                        3: "two more optional arguments, and every value, the record's key too, said beside a decoy"},
+    "multi_write": {2: "the request is for two records: every write on each", 3: "three records"},
+    "compute_then_act": {2: "a discount off the total (count x price - discount)",
+                         3: "two items at different prices, less a discount"},
+}
+COUNTS = {1: [3, 6], 2: [6, 10], 3: [10, 16]}  # records per level
+NEAR = "10{n:02d}"  # level 3's id slot: keys like C1042 and C1024, near-identical, where level 1 draws C4821, C0937
+
+
+def _values(pool: dict) -> list | None:
+    """The values a value pool draws from, for a decoy beside each: None where there are too many."""
+    t = pool["type"]
+    if t == "choice":
+        return pool["values"]
+    if t == "int":
+        return list(range(pool["min"], pool["max"] + 1)) if pool["max"] - pool["min"] < 50 else None
+    if t == "bool":
+        return [True, False]
+    if t == "date":
+        return ["2024-05-03", "2024-05-12", "2024-05-21", "2024-06-02", "2024-06-11", "2024-06-20"]
+    return None
+
+
+def _decoyed(pool: dict) -> dict | None:
+    """A choice of (decoy, value) pairs from the pool's values, each value beside each other one, or None
+    where the pool has fewer than two values."""
+    vals = _values(pool) or []
+    pairs = [{"wrong": vals[(i + k) % len(vals)], "right": v} for k in range(1, len(vals)) for i, v in enumerate(vals)
+             if vals[(i + k) % len(vals)] != v]
+    return {"type": "choice", "values": pairs[:200]} if pairs else None
+
+
 class _Draft:
     """A spec being written for one target: one entity (the records), the picked record, the
-    values the user states (one task value per argument name, said once)."""
+    values the user states (one task value per argument name, said once), at a difficulty level:
+    more records (COUNTS), near-identical keys at 3, and `decoys` stated values said beside a wrong one."""
 
-    def __init__(self, fns: dict, entity: str, key: str, fields: dict | None = None, say_key: bool = True):
-        self.fns, self.entity = fns, entity
+    def __init__(self, fns: dict, entity: str, key: str, fields: dict | None = None, say_key: bool = True,
+                 level: int = 1, decoy_key: bool = False):
+        self.fns, self.entity, self.key, self.level = fns, entity, key, level
         self.fields = {key: {"type": "id", "pattern": _id_pattern(key)}, **(fields or {})}
         self.task: dict[str, Any] = {"record": {"type": "pick", "entity": entity}}
-        self.said = [f"My {_words(key)} is {{task.record.{key}}}."] if say_key else []
+        self.stated: dict[str, str] = {}  # argument -> the template of its value
+        self.decoys = 0
+        if say_key and decoy_key:
+            self.said = [f"My {_words(key)} is not {{task.{self.other()}.{key}}}, it is {{task.record.{key}}}."]
+        else:
+            self.said = [f"My {_words(key)} is {{task.record.{key}}}."] if say_key else []
+
+    def other(self) -> str:
+        """The task name of a second record, never the task's own: a decoy the agent must not act on."""
+        self.task.setdefault("other", {"type": "pick", "entity": self.entity, "other_than": ["record"]})
+        return "other"
 
     def args(self, where: str, tool: str, bound: dict, extra: int = 0) -> dict:
         """Arguments for a call of `tool`: `bound` ones (that the tool takes), then each required one
@@ -357,21 +413,31 @@ class _Draft:
                 kind = (_type(props.get(arg) or {}, _params(self.fns[tool])[2]) or {}).get("type", "untyped")
                 raise PatternError(where, f"{tool}'s argument {arg!r} ({kind}) is not one code can make values "
                                           "for: choose another tool")
-            if f"stated_{arg}" not in self.task:
-                self.task[f"stated_{arg}"] = pool
-                self.said.append(f"My {_words(arg)} is {{task.stated_{arg}}}.")
-            out[arg] = f"{{task.stated_{arg}}}"
+            if arg not in self.stated:
+                name = f"stated_{arg}"
+                if self.decoys > 0 and (pairs := _decoyed(pool)):
+                    self.decoys -= 1
+                    self.task[name] = pairs
+                    self.said.append(f"My {_words(arg)} is not {{task.{name}.wrong}}, it is {{task.{name}.right}}.")
+                    self.stated[arg] = f"{{task.{name}.right}}"
+                else:
+                    self.task[name] = pool
+                    self.said.append(f"My {_words(arg)} is {{task.{name}}}.")
+                    self.stated[arg] = f"{{task.{name}}}"
+            out[arg] = self.stated[arg]
         return out
 
     def spec(self, name: str, tools: dict, request: str, system: str, reference: list, reward: list,
-             said_first: str = "") -> dict:
+             said_first: str = "", max_steps: int | None = None) -> dict:
         request = _text(request)
         if not request:
             raise PatternError("request", "write what the user asks for in a few words, e.g. 'suspend my line'")
         message = " ".join([request[:1].upper() + request[1:] + ".", *([said_first] if said_first else []), *self.said])
-        return {"name": name, "entities": {self.entity: {"count": [3, 6], "fields": self.fields}},
+        fields = {f: {**v, "pattern": v["pattern"].replace("{n:04d}", NEAR)} if self.level >= 3 and v["type"] == "id"
+                  else v for f, v in self.fields.items()}
+        return {"name": name, "entities": {self.entity: {"count": COUNTS[self.level], "fields": fields}},
                 "task": self.task, "tools": tools, "system_prompt": system, "user_message": message,
-                "reference": reference, "reward": reward}
+                "reference": reference, "reward": reward, **({"max_steps": max_steps} if max_steps else {})}
 
 
 def string_key(fn: dict, arg: str) -> bool:
@@ -408,7 +474,7 @@ def _component(name: str, weight: float, pred: dict) -> dict:
 SYSTEM = "You are a customer service agent. Use the tools to do what the user asks, then tell them."
 
 
-def _lookup_then_act(c, fns: dict) -> dict:
+def _lookup_then_act(c, fns: dict, level: int = 1) -> dict:
     entity, key, read = _lookup(fns, c.read_tool)
     arg, props = c.revealed_argument, _params(fns[c.write_tool])[0]
     if arg not in props:
@@ -422,8 +488,10 @@ def _lookup_then_act(c, fns: dict) -> dict:
     if pool is None:
         raise PatternError("revealed_argument", f"code cannot make values for {c.write_tool}'s {arg!r}: name "
                                                 "another argument, or choose another write_tool")
-    d = _Draft(fns, entity, key, {arg: pool})
+    d = _Draft(fns, entity, key, {arg: pool}, level=level, decoy_key=level >= 3)
     args = d.args("write_tool", c.write_tool, {arg: f"{{task.record.{arg}}}", key: f"{{task.record.{key}}}"})
+    if level >= 2:  # a real value, of another record: acting on it without the lookup acts on that one
+        d.said.append(f"I think my {_words(arg)} is {{task.{d.other()}.{arg}}}, but I am not sure.")
     write = _acting_on(entity, arg) if pool["type"] == "id" else {"kind": "const", "result": "Done."}
     lookup = {key: f"{{task.record.{key}}}"}
     return d.spec("lookup_then_act", {c.read_tool: read, c.write_tool: write}, c.request, SYSTEM,
@@ -433,7 +501,11 @@ def _lookup_then_act(c, fns: dict) -> dict:
                    _component("acted_with_the_record", 0.7, _called(c.write_tool, args))])
 
 
-def _guarded_action(c, fns: dict) -> dict:
+# near-misses of an allowed value (level 2 the first two, 3 all): blocked, though they read almost alike
+NEAR_MISSES = ("{} pending", "formerly {}", "pre-{}", "{} (expired)")
+
+
+def _guarded_action(c, fns: dict, level: int = 1) -> dict:
     entity, key, read = _lookup(fns, c.read_tool)
     props = _params(fns[c.write_tool])[0]
     if key not in props:
@@ -450,10 +522,14 @@ def _guarded_action(c, fns: dict) -> dict:
     if not allowed or not blocked or set(allowed) & set(blocked):
         raise PatternError("blocked_values", f"allowed_values {allowed} and blocked_values {blocked} must both be "
                                              "non-empty and share no value")
+    near = [m.format(v) for m in NEAR_MISSES[:{1: 0, 2: 2, 3: 4}[level]] for v in allowed]
+    blocked += [v for v in dict.fromkeys(near) if v not in allowed and v not in blocked]
     balanced = allowed * len(blocked) + blocked * len(allowed)  # allowed on about half the tasks
-    d = _Draft(fns, entity, key, {field: {"type": "choice", "values": balanced}})
+    d = _Draft(fns, entity, key, {field: {"type": "choice", "values": balanced}}, level=level)
     lookup = {key: f"{{task.record.{key}}}"}
     args = d.args("write_tool", c.write_tool, lookup)
+    if level >= 3:  # true on about half the tasks: the record decides, not what the user says
+        d.said.append(f"My {_words(field)} is {allowed[0]}, so it is allowed.")
     ok = {"op": "compare", "left": f"{{task.record.{field}}}", "cmp": "in", "right": allowed}
     rule = (f"Policy: call {c.write_tool} only for a {_words(entity)} whose {_words(field)} is "
             f"{' or '.join(allowed)}. Otherwise do not call it, and tell the user it is not allowed.")
@@ -470,18 +546,20 @@ def _guarded_action(c, fns: dict) -> dict:
                        "else": {"op": "not_called", "tool": c.write_tool, "args": {}}}]})])
 
 
-def _draft_for(fns: dict, tool: str) -> tuple[_Draft, dict, dict]:
+def _draft_for(fns: dict, tool: str, level: int = 1, decoy_key: bool = False) -> tuple[_Draft, dict, dict]:
     """(draft, bound key argument, behaviour) for a write tool alone: the record its id argument names,
     or, for a tool with no id argument, a placeholder record (EnvSpec needs one) it never reads."""
     behaviour, entity, key = suggest_behaviour(fns[tool])
     if behaviour["kind"] == "update" and string_key(fns[tool], key):
-        return _Draft(fns, entity, key), {key: f"{{task.record.{key}}}"}, _acting_on(entity, key)
-    return _Draft(fns, "ticket", "ticket_id", say_key=False), {}, {"kind": "const", "result": "Done."}
+        return (_Draft(fns, entity, key, level=level, decoy_key=decoy_key), {key: f"{{task.record.{key}}}"},
+                _acting_on(entity, key))
+    return _Draft(fns, "ticket", "ticket_id", say_key=False, level=level), {}, {"kind": "const", "result": "Done."}
 
 
-def _exact_arguments(c, fns: dict) -> dict:
-    d, bound, behaviour = _draft_for(fns, c.write_tool)
-    args = d.args("write_tool", c.write_tool, bound, extra=1)
+def _exact_arguments(c, fns: dict, level: int = 1) -> dict:
+    d, bound, behaviour = _draft_for(fns, c.write_tool, level, decoy_key=level >= 3)
+    d.decoys = {1: 0, 2: 1, 3: len(_params(fns[c.write_tool])[0])}[level]
+    args = d.args("write_tool", c.write_tool, bound, extra=level)
     if len(args) < 2:
         fit = [n for n in _writes(fns) if len(_params(fns[n])[0]) >= 2]
         raise PatternError("write_tool", f"{c.write_tool} takes {len(args)} argument(s) code can fill; choose a "
@@ -493,38 +571,61 @@ def _exact_arguments(c, fns: dict) -> dict:
                    _component("first_try", 0.4, _called(c.write_tool, args, only=True))])
 
 
-def _multi_write(c, fns: dict) -> dict:
+def _multi_write(c, fns: dict, level: int = 1) -> dict:
     tools = list(c.write_tools)
     if len(set(tools)) < len(tools):
         raise PatternError("write_tools", f"{tools} names a tool twice: name two or three different tools")
-    d, bound, behaviour = _draft_for(fns, tools[0])
+    d, bound, behaviour = _draft_for(fns, tools[0], level)
     key = next(iter(bound), None)
     if lacking := [t for t in tools[1:] if key is None or key not in _params(fns[t])[0]]:
         fit = [n for n in _writes(fns) if key and key in _params(fns[n])[0]]
         raise PatternError("write_tools", f"{', '.join(lacking)} cannot act on the record {tools[0]} names "
                                           f"({key or 'it takes no id'}): choose tools that all take the same id "
                                           f"argument ({', '.join(fit) or 'none with ' + tools[0]})")
-    calls = {t: d.args("write_tools", t, bound) for t in tools}
-    todo = f"It needs all of: {', '.join(_words(t) for t in tools)}."
+    records = ["record", "record_2", "record_3"][:level]  # one record per level, each a different one
+    for i, name in enumerate(records[1:], 1):
+        d.task[name] = {"type": "pick", "entity": d.entity, "other_than": records[:i]}
+    if level > 1:
+        keys = [f"{{task.{r}.{key}}}" for r in records]
+        d.said[0] = f"My {_words(key)}s are {', '.join(keys[:-1])} and {keys[-1]}."
+    calls = [(t, r, d.args("write_tools", t, {key: f"{{task.{r}.{key}}}"})) for r in records for t in tools]
+    todo = f"It needs all of: {', '.join(_words(t) for t in tools)}" + (
+        "." if level == 1 else f", for each of my {_words(key)}s.")
+    suffix = lambda r: "" if r == "record" else r.removeprefix("record")  # noqa: E731 - called_<tool>_2
     return d.spec("multi_write", {t: {**behaviour} for t in tools}, c.request,
                   f"{SYSTEM} Finish every part of a request before you reply.",
-                  [*({"call": t, "args": a} for t, a in calls.items()), {"reply": "Done."}],
-                  [_component(f"called_{t}", round(1 / len(tools), 3), _called(t, a)) for t, a in calls.items()],
-                  said_first=todo)
+                  [*({"call": t, "args": a} for t, _, a in calls), {"reply": "Done."}],
+                  [_component(f"called_{t}{suffix(r)}", round(1 / len(calls), 3), _called(t, a)) for t, r, a in calls],
+                  said_first=todo, max_steps=len(calls) + 4 if level > 1 else None)
 
 
-def _compute_then_act(c, fns: dict) -> dict:
+def _amounts(level: int) -> list[dict]:
+    """The task's amounts: count x price (1), less a discount (2), two items at different prices less a
+    discount (3); every total positive, at most 200 of them."""
+    if level == 1:
+        return [{"count": n, "each": e, "total": n * e} for n in (2, 3, 4, 5) for e in (3, 4, 6, 12, 15, 25)]
+    if level == 2:
+        return [{"count": n, "each": e, "discount": k, "total": n * e - k}
+                for n in (2, 3, 4, 5) for e in (3, 4, 6, 12, 15, 25) for k in (1, 2, 5)]
+    lines = itertools.product((2, 3, 4), (4, 6, 12, 15), (2, 3, 5), (3, 7, 25))
+    return [{"count": n, "each": e, "count2": n2, "each2": e2, "discount": k, "total": n * e + n2 * e2 - k}
+            for i, (n, e, n2, e2) in enumerate(lines) for k in [(1, 2, 5)[i % 3]]]
+
+
+def _compute_then_act(c, fns: dict, level: int = 1) -> dict:
     arg = c.amount_argument
     if arg not in _params(fns[c.write_tool])[0] or not _numeric(fns[c.write_tool], arg) or arg.endswith("_id"):
         numbers = [a for a in _params(fns[c.write_tool])[0] if _numeric(fns[c.write_tool], a) and not a.endswith("_id")]
         raise PatternError("amount_argument", f"{c.write_tool} takes no number argument {arg!r} (its number "
                                               f"arguments: {', '.join(numbers) or 'none: choose another write_tool'})")
-    d, bound, behaviour = _draft_for(fns, c.write_tool)
-    d.task["amount"] = {"type": "choice", "values": [{"count": n, "each": e, "total": n * e}
-                                                     for n in (2, 3, 4, 5) for e in (3, 4, 6, 12, 15, 25)]}
+    d, bound, behaviour = _draft_for(fns, c.write_tool, level)
+    d.task["amount"] = {"type": "choice", "values": _amounts(level)}
     args = d.args("write_tool", c.write_tool, {**bound, arg: "{task.amount.total}"})
     unit = _text(c.unit, 30) or "item"
-    said = f"It is for {{task.amount.count}} x {unit} at {{task.amount.each}} each; the {_words(arg)} is the total."
+    items = f"{{task.amount.count}} x {unit} at {{task.amount.each}} each" + (
+        f" and {{task.amount.count2}} x {unit} at {{task.amount.each2}} each" if level >= 3 else "")
+    said = f"It is for {items}; the {_words(arg)} is the total." if level == 1 else \
+        f"It is for {items}, with {{task.amount.discount}} off the total; the {_words(arg)} is what is left."
     return d.spec("compute_then_act", {c.write_tool: behaviour}, c.request, SYSTEM,
                   [{"call": c.write_tool, "args": args}, {"reply": "Done."}],
                   [_component("right_total", 0.5, _called(c.write_tool, {arg: "{task.amount.total}"})),
@@ -535,14 +636,18 @@ EXPANDERS = {"lookup_then_act": _lookup_then_act, "guarded_action": _guarded_act
              "exact_arguments": _exact_arguments, "multi_write": _multi_write, "compute_then_act": _compute_then_act}
 
 
-def expand(choice: BaseModel | str | dict, tools: list[dict]) -> dict:
+def expand(choice: BaseModel | str | dict, tools: list[dict], difficulty: int = 1) -> dict:
     """The spec (EnvSpec-valid, in spec_env's format) code writes for a builder's choice on the
-    target's `tools`. A choice that does not fit raises PatternError (or pydantic's ValidationError
+    target's `tools`, at `difficulty` (LEVELS; 1: the pattern as first written, HARDER says what the
+    others change). A choice that does not fit raises PatternError (or pydantic's ValidationError
     for a malformed one): both are ValueErrors that name the field to change."""
+    if type(difficulty) is not int or difficulty not in LEVELS:
+        raise PatternError("difficulty", f"must be one of {', '.join(map(str, LEVELS))} (1: the pattern as first "
+                                         f"written), got {difficulty!r}")
     c = choice if isinstance(choice, BaseModel) else parse_choice(choice, tools)
     names = {t["function"]["name"] for t in tools}
     for field in ("read_tool", "write_tool", "write_tools"):  # a choice validated against another target
         for name in [getattr(c, field, None)] if field != "write_tools" else getattr(c, field, []):
             if name is not None and name not in names:
                 raise PatternError(field, f"{name!r} is not a tool of this target: choose from {', '.join(sorted(names))}")
-    return EnvSpec.model_validate(EXPANDERS[c.pattern](c, _fn(tools))).to_spec()
+    return EnvSpec.model_validate(EXPANDERS[c.pattern](c, _fn(tools), difficulty)).to_spec()

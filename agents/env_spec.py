@@ -147,6 +147,7 @@ class Pick(_Strict):
     type: Literal["pick"]
     entity: str
     where: dict[str, Expr] = Field(default_factory=dict)
+    other_than: list[str] = Field(default_factory=list, description="earlier picks of the entity this one is not")
 
 
 class Fact(_Strict):

@@ -7,11 +7,12 @@
    low too (else the answer is leaked); instances vary across seeds;
 2. a verifier LLM reviews the code and sample episodes for reward hacks and leaks;
 3. calibration with the base model: mean reward and success rate in a band, and the
-   group statistics from the method (TRACE §3).
+   group statistics from the method (TRACE §3); it stops as soon as the rejection is certain.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import random
 import statistics
@@ -322,17 +323,29 @@ def llm_review(llm, code: str, capability: Capability, samples: dict) -> dict:
 
 
 # ---------------------------------------------------------------- calibration
+def _all_success(g: list[float]) -> bool:
+    return min(g) >= SUCCESS_THRESHOLD
+
+
+def _all_zero(g: list[float]) -> bool:
+    return max(g) <= 1e-9
+
+
+def _constant(g: list[float]) -> bool:
+    return max(g) - min(g) < 1e-9
+
+
 def group_stats(groups: list[list[float]], cfg: VerifyConfig) -> dict:
     """The method's acceptance figures over groups of rewards (one group per seed)."""
     flat = [r for g in groups for r in g]
     n = len(groups) or 1
-    const = sum(max(g) - min(g) < 1e-9 for g in groups) / n
+    const = sum(map(_constant, groups)) / n
     stats = {
         "mean_reward": statistics.fmean(flat) if flat else 0.0,
         "success_rate": sum(r >= SUCCESS_THRESHOLD for r in flat) / len(flat) if flat else 0.0,
         "reward_std": statistics.pstdev(flat) if len(flat) > 1 else 0.0,
-        "all_success_groups": sum(min(g) >= SUCCESS_THRESHOLD for g in groups) / n,
-        "all_zero_groups": sum(max(g) <= 1e-9 for g in groups) / n,
+        "all_success_groups": sum(map(_all_success, groups)) / n,
+        "all_zero_groups": sum(map(_all_zero, groups)) / n,
         "constant_groups": const,
         "informative_groups": 1 - const,
     }
@@ -343,20 +356,86 @@ def group_stats(groups: list[list[float]], cfg: VerifyConfig) -> dict:
     return {**stats, "checks": checks, "accepted": all(checks.values())}
 
 
+_MARGIN = 1e-9  # a bound is "certainly" crossed only by more than float noise: when in doubt, play on
+
+
+def certain_rejection(groups: list[list[float]], cfg: VerifyConfig) -> dict[str, str]:
+    """{figure: why} for each figure that no rewards of the groups still to play (calib_seeds in all, of
+    calib_samples episodes each, every reward anywhere in [0, 1]) can bring within its bound: calibration
+    is then rejected whatever happens, and playing on is wasted time. Empty when acceptance is still
+    possible for every figure taken alone (exact bounds, not a statistical guess; figures are not
+    combined, so this may miss a joint impossibility, never invent one)."""
+    if len(groups) > cfg.calib_seeds:
+        raise ValueError(f"groups: {len(groups)} played, more than calib_seeds ({cfg.calib_seeds})")
+    if bad := [r for g in groups for r in g if not 0 <= r <= 1]:
+        raise ValueError(f"groups: rewards must lie in [0, 1], got {bad[:3]}")
+    total_groups, samples = cfg.calib_seeds, cfg.calib_samples
+    lo, hi = cfg.band
+    left_groups = total_groups - len(groups)
+    flat = [r for g in groups for r in g]
+    left, n = left_groups * samples, len(flat) + left_groups * samples  # episodes still to play, in all
+    if not groups or not left_groups or not n:
+        return {}
+    out = {}
+    after = f"whatever the remaining {left} episodes score"
+    for name, key, have in (("success rate", "success_rate", sum(r >= SUCCESS_THRESHOLD for r in flat)),
+                            ("mean reward", "mean_reward", math.fsum(flat))):
+        least, most = have / n, (have + left) / n  # every remaining episode scoring 0, or 1
+        if least > hi + _MARGIN:
+            out[key] = f"{name} cannot fall below {hi} (at least {least:.2f} {after})"
+        elif most < lo - _MARGIN:
+            out[key] = f"{name} cannot reach {lo} (at most {most:.2f} {after})"
+    for name, key, count, cap in (("all-success", "all_success_groups", _all_success, cfg.max_all_success_groups),
+                                  ("all-zero", "all_zero_groups", _all_zero, cfg.max_all_zero_groups),
+                                  ("constant", "constant_groups", _constant, cfg.max_constant_groups)):
+        k = sum(map(count, groups))  # the remaining groups can all avoid it (a group has >= 2 episodes)
+        if k / total_groups > cap + _MARGIN:
+            out[key] = f"{name} groups are already {k} of {total_groups}, over the cap {cap}"
+    informative = 1 - sum(map(_constant, groups)) / total_groups
+    if informative < cfg.min_informative_groups - _MARGIN:
+        out["informative_groups"] = (f"informative groups cannot reach {cfg.min_informative_groups} "
+                                     f"(at most {informative:.2f})")
+    # the variance is convex in the rewards, so its maximum over [0, 1]^left lies at a corner: j ones, the rest
+    # 0; over j it is a concave parabola peaking at j = n/2 - sum, so the best j is next to that, within [0, left]
+    s1, s2 = math.fsum(flat), math.fsum(r * r for r in flat)
+    peak = min(max(n / 2 - s1, 0), left)
+    most = max(math.sqrt(max(0.0, (s2 + j) / n - ((s1 + j) / n) ** 2)) for j in {math.floor(peak), math.ceil(peak)})
+    if most < cfg.min_reward_std - _MARGIN:
+        out["reward_std"] = f"reward std cannot reach {cfg.min_reward_std} (at most {most:.3f} {after})"
+    return out
+
+
+def difficulty_verdict(stats: dict, cfg: VerifyConfig) -> str | None:
+    """"too_hard", "too_easy" or "flat" (rewards do not vary) for figures outside the bounds, None for
+    accepted ones: what the builder's next round acts on (pattern mode changes the env's difficulty)."""
+    if stats["accepted"]:
+        return None
+    lo, hi = cfg.band
+    if stats["mean_reward"] < lo or stats["success_rate"] < lo or stats["all_zero_groups"] > cfg.max_all_zero_groups:
+        return "too_hard"
+    if stats["mean_reward"] > hi or stats["success_rate"] > hi or \
+            stats["all_success_groups"] > cfg.max_all_success_groups:
+        return "too_easy"
+    return "flat"
+
+
 def difficulty_advice(stats: dict, cfg: VerifyConfig) -> str:
     """What the builder can change when the base model's figures fall outside the band."""
     lo, hi = cfg.band
-    if stats["mean_reward"] < lo or stats["all_zero_groups"] > cfg.max_all_zero_groups:
+    verdict = difficulty_verdict({**stats, "accepted": False}, cfg)
+    if verdict == "too_hard":
         return (f"too hard for the base model (band {lo}-{hi}): make instances smaller, add partial-credit "
                 "reward components for correct intermediate steps, or a hint (guidance, never the answer)")
-    if stats["mean_reward"] > hi or stats["all_success_groups"] > cfg.max_all_success_groups:
+    if verdict == "too_easy":
         return (f"too easy for the base model (band {lo}-{hi}): make instances larger or add a distractor the "
                 "capability must handle; remove partial credit that any answer earns")
     return "rewards do not vary within a seed: make the reward depend on what the agent does, with partial credit"
 
 
 def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2) -> dict:
-    """Roll out the base model: calib_seeds x calib_samples episodes at calib_temperature."""
+    """Roll out the base model: calib_seeds x calib_samples episodes at calib_temperature, stopping after
+    a seed's group once the rejection is certain (`certain_rejection`): the figures are then those of the
+    groups played, and `stopped_early` says after how many and why. Acceptance is never decided early."""
     from trace_rl.agents.base_agent import run_episode
     from trace_rl.evals.synthetic import SyntheticEpisode
 
@@ -368,9 +447,22 @@ def calibrate(code: str, policy, cfg: VerifyConfig, pool_size: int = 2) -> dict:
         finally:
             pool.release(s)
 
+    groups, decided = [], {}
     with SessionPool(code, size=pool_size) as pool:
-        groups = [[reward(pool, seed, k) for k in range(cfg.calib_samples)] for seed in range(cfg.calib_seeds)]
-    return {**group_stats(groups, cfg), "groups": groups}
+        for seed in range(cfg.calib_seeds):
+            groups.append([reward(pool, seed, k) for k in range(cfg.calib_samples)])
+            if decided := certain_rejection(groups, cfg):
+                break
+    return calibration_result(groups, decided, cfg)
+
+
+def calibration_result(groups: list[list[float]], decided: dict[str, str], cfg: VerifyConfig) -> dict:
+    """The figures over the groups played; a decided figure's check fails whatever its value over them."""
+    stats = group_stats(groups, cfg)
+    stopped = {"after": len(groups), "of": cfg.calib_seeds, "why": "; ".join(decided.values())} if decided else None
+    if decided:
+        stats = {**stats, "checks": {**stats["checks"], **{k: False for k in decided}}, "accepted": False}
+    return {**stats, "verdict": difficulty_verdict(stats, cfg), "stopped_early": stopped, "groups": groups}
 
 
 def verify(code: str, target_tools: list[dict], capability: Capability, cfg: VerifyConfig = VerifyConfig(),
@@ -391,6 +483,8 @@ def verify(code: str, target_tools: list[dict], capability: Capability, cfg: Ver
     if report.passed and base_policy is not None:
         c = report.calibration = calibrate(code, base_policy, cfg)
         detail = f"base model: mean reward {c['mean_reward']:.2f}, success {c['success_rate']:.2f}"
+        if stop := c.get("stopped_early"):
+            detail += f" over the groups played; stopped after {stop['after']} of {stop['of']} groups: {stop['why']}"
         if bad := [k for k, ok in c["checks"].items() if not ok]:  # none iff c["accepted"]
             gate = "" if cfg.calibration_gate else " (advisory: not gating)"
             detail += f"; outside bounds: {', '.join(bad)}; {difficulty_advice(c, cfg)}{gate}"

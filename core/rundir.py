@@ -111,6 +111,7 @@ class Attempt(Folder):
     spec = property(lambda self: self.root / "spec.json")  # spec and pattern mode: what the module was rendered from
     builder_spec = property(lambda self: self.root / "builder_spec.json")  # spec mode: the model's spec as written
     builder_choice = property(lambda self: self.root / "builder_choice.json")  # pattern mode: the model's choice
+    difficulty = property(lambda self: self.root / "difficulty.json")  # pattern mode: the level code expanded it at
     builder_error = property(lambda self: self.root / "builder_error.json")
     builder_reply = property(lambda self: self.root / "builder_reply.txt")
     repairs = property(lambda self: self.root / "repairs.json")

@@ -22,9 +22,10 @@ Spec keys (hint, max_steps, entities, task are optional):
                   {"type": "int" | "float", "min": a, "max": b}   {"type": "bool", "p": 0.5}
                   {"type": "ref", "entity": E2} (the key of a random E2: E2 must come before E)
                   {"type": "date", "start": "2024-05-01", "days": 30}   {"type": "const", "value": v}
-  task          {name: F | {"type": "pick", "entity": E, "where": {field: expr}}
+  task          {name: F | {"type": "pick", "entity": E, "where": {field: expr}, "other_than": [name]}
                          | {"type": "fact", "pred": P}}, in order. A pick is the live record, so
-                `task.res.status` read at scoring time sees what the agent's tool calls changed.
+                `task.res.status` read at scoring time sees what the agent's tool calls changed;
+                `other_than` names earlier picks of E it must not be (a second, different record).
   system_prompt, user_message   templates over `task`
   reference     [{"call": tool, "args": {name: expr}, "when": P} | {"reply": template, "when": P}]
   reward        [{"name": n, "weight": w > 0, "pred": P}]: each component is 1 if P holds, else 0;
@@ -74,7 +75,7 @@ TOOL_KEYS["write"] = TOOL_KEYS["update"]
 FIELD_KEYS = {"id": ({"pattern": str}, {}), "choice": ({"values": list}, {}), "int": ({"min": int, "max": int}, {}),
               "float": ({"min": float, "max": float}, {}), "bool": ({}, {"p": float}),
               "ref": ({"entity": str}, {}), "date": ({"start": str, "days": int}, {}), "const": ({"value": ANY}, {}),
-              "pick": ({"entity": str}, {"where": dict}), "fact": ({"pred": dict}, {})}
+              "pick": ({"entity": str}, {"where": dict, "other_than": list}), "fact": ({"pred": dict}, {})}
 PREDICATES = {"called": ({"tool": str}, {"args": dict, "only": bool}), "not_called": ({"tool": str}, {"args": dict}),
               "called_before": ({"first": dict, "then": dict}, {}), "reply_contains": ({"text": ANY}, {}),
               "state_equals": ({"path": str, "value": ANY}, {}),
@@ -240,9 +241,12 @@ class SpecEnv(Environment):
             return copy.deepcopy(spec["value"])
         if t == "pick":
             where = render(spec.get("where", {}), {"task": self.task})
-            found = [r for r in self.state[spec["entity"]] if all(r.get(k) == v for k, v in where.items())]
+            taken = [self.task[name] for name in spec.get("other_than", [])]
+            found = [r for r in self.state[spec["entity"]] if all(r.get(k) == v for k, v in where.items())
+                     and not any(r is t for t in taken)]
             if not found:
-                raise SpecError(f"no {spec['entity']} record matches the pick's where {json.dumps(where)[:200]}")
+                raise SpecError(f"no {spec['entity']} record matches the pick's where {json.dumps(where)[:200]}"
+                                + (f" other than {', '.join(spec['other_than'])}" if taken else ""))
             return rng.choice(found)  # the live record
         if t == "fact":
             return holds(spec["pred"], self, {"task": self.task})
@@ -463,6 +467,11 @@ class _Checker:
             for f, expr in spec.get("where", {}).items():
                 self.field_name(f"{where}.where.{f}", spec["entity"], f)
                 self.expr(f"{where}.where.{f}", expr, {"task"})
+            picks = [n for n, v in self.task.items() if v.get("type") == "pick" and v.get("entity") == spec["entity"]]
+            for i, name in enumerate(spec.get("other_than", [])):
+                if name not in picks:
+                    self.bad("schema", f"{where}.other_than[{i}]", f"{_kind(name)} is not an earlier pick of "
+                             f"{spec['entity']!r} (those: {', '.join(picks) or 'none'})")
         elif t == "fact":
             self.pred(f"{where}.pred", spec["pred"], {"task"})
         return len(self.findings) == before

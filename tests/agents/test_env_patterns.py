@@ -54,13 +54,14 @@ CHOICES = [  # (domain, choice): one or more per pattern, on three τ² domains
 ]
 
 
+@pytest.mark.parametrize("level", env_patterns.LEVELS)
 @pytest.mark.parametrize("domain, choice", CHOICES, ids=[f"{d}-{c['pattern']}" for d, c in CHOICES])
-def test_an_expanded_choice_passes_the_runtimes_checks_and_only_the_reference_wins(domain, choice):
+def test_an_expanded_choice_passes_the_runtimes_checks_and_only_the_reference_wins(domain, choice, level):
     from trace_rl.agents.builders.spec import copies_starter
     from trace_rl.agents.env_spec import EnvSpec
 
     tools = tools_of(domain)
-    spec = expand(choice, tools)
+    spec = expand(choice, tools, level)
     assert EnvSpec.model_validate(spec).to_spec() == spec
     assert spec_env.check_spec(spec, tools, range(8)) == []  # reference wins, trivial replies lose, tasks vary
     assert not copies_starter(spec, tools)
@@ -125,6 +126,138 @@ def test_multi_write_needs_every_write_and_compute_then_act_the_product():
     assert right["arguments"]["amount"] == amount["count"] * amount["each"]
     summed = {**right["arguments"], "amount": amount["count"] + amount["each"]}
     assert not play(env, 4, [call("send_certificate", **summed), {"content": "Done."}])["success"]
+
+
+# ---------------------------------------------------------------- difficulty levels
+ONE_EACH = CHOICES[::2] + CHOICES[7:]  # one choice per pattern
+
+
+def first_message(env, seed):
+    return env.reset(seed)["messages"][0]["content"]
+
+
+def test_every_pattern_has_words_for_each_harder_level_and_level_1_is_the_default():
+    assert env_patterns.LEVELS == (1, 2, 3) and set(env_patterns.HARDER) == set(env_patterns.PATTERNS)
+    assert all(set(levels) == {2, 3} for levels in env_patterns.HARDER.values())
+    for domain, choice in ONE_EACH:
+        tools = tools_of(domain)
+        assert expand(choice, tools) == expand(choice, tools, 1) != expand(choice, tools, 2) != expand(choice, tools, 3)
+
+
+def test_lookup_then_act_harder_the_user_names_another_records_value_and_then_its_near_identical_key():
+    tools = tools_of("telecom")
+    for level in (2, 3):
+        env = spec_env.SpecEnv(expand(CHOICES[0][1], tools, level), tools)
+        env.reset(0)
+        assert 6 <= len(env.state["customer"]) <= 16  # more records than level 1's 3 to 6
+        for seed in range(8):
+            lookup, write = reference_calls(env, seed)
+            stale = env.task["other"]["customer_id"]  # a real record's, never this one's
+            assert stale != write["arguments"]["customer_id"] and f"I think my customer id is {stale}" in \
+                first_message(env, seed)
+            trusting = {**write["arguments"], "customer_id": stale}  # the lookup done, its answer ignored
+            assert not play(env, seed, [call(lookup["name"], **lookup["arguments"]), call(write["name"], **trusting),
+                                        {"content": "Done."}])["success"]
+    env = spec_env.SpecEnv(expand(CHOICES[0][1], tools, 3), tools)
+    for seed in range(8):
+        (lookup, _), decoy = reference_calls(env, seed), env.task["other"]["phone_number"]
+        assert f"is not {decoy}, it is {lookup['arguments']['phone_number']}" in first_message(env, seed)
+        assert decoy[:6] == lookup["arguments"]["phone_number"][:6] == "555-10"  # near-identical keys
+        env.reset(seed)
+        looked = env.step(call("get_customer_by_phone", phone_number=decoy))["messages"][0]["content"]
+        assert json.loads(looked)["customer_id"] == env.task["other"]["customer_id"]  # the decoy is a real record
+
+
+def test_guarded_action_harder_blocks_values_that_read_almost_like_the_allowed_one():
+    tools = tools_of("telecom")
+    statuses = {}
+    for level in (2, 3):
+        spec = expand(GUARDED, tools, level)
+        statuses[level] = set(spec["entities"]["customer"]["fields"]["status"]["values"])
+        env = spec_env.SpecEnv(spec, tools)
+        drawn = set()
+        for seed in range(40):
+            env.reset(seed)
+            drawn.add(env.task["record"]["status"])
+        near = drawn - {"Active", "Pending", "Closed"}
+        assert near and all("Active" in s for s in near)  # seen, and near-misses of the allowed value
+        for seed in range(40):
+            calls = reference_calls(env, seed)
+            if env.task["record"]["status"] in near:
+                assert len(calls) == 1  # the reference only looks, and refuses
+                acting = [call(c["name"], **c["arguments"]) for c in calls]
+                write = call("suspend_line", customer_id=calls[0]["arguments"]["customer_id"],
+                             line_id=env.task["stated_line_id"], reason=env.task["stated_reason"])
+                assert not play(env, seed, [*acting, write, {"content": "Done."}])["success"]
+            assert ("My status is Active, so it is allowed." in first_message(env, seed)) is (level == 3)
+    assert statuses[2] == {"Active", "Pending", "Closed", "Active pending", "formerly Active"}
+    assert statuses[3] == statuses[2] | {"pre-Active", "Active (expired)"}
+    rule = expand(GUARDED, tools, 3)["system_prompt"]
+    assert "status is Active." in rule and "pending" not in rule  # the policy names the allowed value only
+
+
+def test_exact_arguments_harder_says_values_beside_decoys():
+    tools = tools_of("retail")
+    env = spec_env.SpecEnv(expand(CHOICES[4][1], tools, 2), tools)
+    text = first_message(env, 1)
+    (right,) = reference_calls(env, 1)
+    wrong = env.task["stated_reason"]["wrong"]
+    assert text.count(" is not ") == 1 and f"My reason is not {wrong}, it is {right['arguments']['reason']}." in text
+    misled = {**right["arguments"], "reason": wrong}
+    assert not play(env, 1, [call(right["name"], **misled), {"content": "x"}])["success"]
+    env = spec_env.SpecEnv(expand(CHOICES[4][1], tools, 3), tools)
+    text = first_message(env, 1)
+    (right,) = reference_calls(env, 1)
+    decoy = env.task["other"]["order_id"]
+    assert text.count(" is not ") == len(right["arguments"]) and f"is not {decoy}, it is" in text  # the key too
+    env.reset(1)  # the decoy key is a real order: the call goes through, on the wrong one
+    out = env.step(call(right["name"], **{**right["arguments"], "order_id": decoy}))["messages"][0]["content"]
+    assert not out.startswith("Error") and not play(env, 1, [call(right["name"], **{**right["arguments"],
+                                                            "order_id": decoy}), {"content": "x"}])["success"]
+    props = {"name": {"type": "string"}, "party_date": {"type": "string"}, "guests": {"type": "integer"},
+             "seating": {"type": "string", "enum": ["inside", "terrace"]}, "note": {"type": "string"}}
+    booking = [{"type": "function", "function": {"name": "book_table", "parameters": {
+        "type": "object", "properties": props, "required": ["name"]}}}]
+    choice = {"pattern": "exact_arguments", "write_tool": "book_table", "request": "book a table"}
+    stated = [reference_calls(spec_env.SpecEnv(expand(choice, booking, level), booking), 1)[0]["arguments"]
+              for level in (1, 2, 3)]
+    assert [len(a) for a in stated] == [2, 3, 4]  # one more optional argument to state per level
+    assert spec_env.check_spec(expand(choice, booking, 3), booking, range(8)) == []
+
+
+def test_multi_write_harder_asks_for_every_write_on_two_then_three_records():
+    tools = tools_of("telecom")
+    for level in (2, 3):
+        env = spec_env.SpecEnv(expand(CHOICES[6][1], tools, level), tools)
+        calls = reference_calls(env, 2)
+        ids = [c["arguments"]["customer_id"] for c in calls]
+        assert len(calls) == 2 * level and len(set(ids)) == level and all(i in first_message(env, 2) for i in ids)
+        first_only = [call(c["name"], **c["arguments"]) for c in calls if c["arguments"]["customer_id"] == ids[0]]
+        part = play(env, 2, [*first_only, {"content": "Done."}])
+        assert part["reward"] == pytest.approx(1 / level, abs=0.01) and not part["success"]
+        assert play(env, 2, lambda e: e.solve())["success"]
+
+
+def test_compute_then_act_harder_takes_a_discount_then_a_second_item():
+    tools = tools_of("airline")
+    for level in (2, 3):
+        env = spec_env.SpecEnv(expand(COMPUTE, tools, level), tools)
+        for seed in range(6):
+            (right,) = reference_calls(env, seed)
+            a = env.task["amount"]
+            total = a["count"] * a["each"] + (a["count2"] * a["each2"] if level == 3 else 0) - a["discount"]
+            assert right["arguments"]["amount"] == total > 0 and f"with {a['discount']} off" in first_message(env, seed)
+            undiscounted = {**right["arguments"], "amount": total + a["discount"]}
+            assert not play(env, seed, [call("send_certificate", **undiscounted), {"content": "Done."}])["success"]
+    said = [expand(COMPUTE, tools, level)["user_message"] for level in (2, 3)]
+    assert "count2" not in said[0] and "count2" in said[1]
+
+
+@pytest.mark.parametrize("difficulty", [0, 4, "2", 2.0, True])
+def test_a_difficulty_outside_the_levels_is_an_error_naming_it(difficulty):
+    with pytest.raises(PatternError, match="difficulty: must be one of 1, 2, 3") as err:
+        expand(GUARDED, tools_of("telecom"), difficulty)
+    assert err.value.field == "difficulty"
 
 
 # ---------------------------------------------------------------- malformed and hostile choices
@@ -321,6 +454,7 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert "guarded_action" in builder.requests[0][0]["content"] and "suspend_line(" in builder.requests[0][1]["content"]
     manifest = json.loads((adir / "manifest.json").read_text())
     assert manifest["origin"] == "pattern:guarded_action" and manifest["note"] == PATTERN_NOTE
+    assert manifest["difficulty"] == 1 == json.loads((adir / "difficulty.json").read_text())["difficulty"]
     assert record.status == "verified" and record.source == "pattern:guarded_action"
     (row,) = [r for r in stage_summary({"envs": {cap.name: record}}) if r["stage"] == "synthesise"]
     assert PATTERN_NOTE in row["detail"] and "guarded_action" in row["detail"]
@@ -428,6 +562,122 @@ def test_a_later_round_may_not_send_the_failed_binding_again(tmp_path):
     assert json.loads((tmp_path / "attempt_03" / "builder_choice.json").read_text()) == GUARDED
 
 
+def calibrated_round(folder, choice: dict, level: int, groups: list[list[float]], gate: bool = True):
+    """A finished round in `folder`: the choice, its level, and a verifier report whose calibration over
+    `groups` (8 seeds x 4) is computed by the verifier's own functions, as verify() records it."""
+    from trace_rl.agents.verifier import (Finding, VerifierReport, VerifyConfig, calibration_result,
+                                          certain_rejection)
+    from trace_rl.core.rundir import Attempt
+
+    cfg = VerifyConfig(calib_seeds=8, calib_samples=4, calibration_gate=gate)
+    c = calibration_result(groups, certain_rejection(groups, cfg), cfg)
+    report = VerifierReport([Finding("calibration", c["accepted"] or not gate, "figures")], calibration=c)
+    folder.mkdir(parents=True)
+    (folder / "builder_choice.json").write_text(json.dumps(choice))
+    (folder / "difficulty.json").write_text(json.dumps({"difficulty": level}))
+    (folder / "verifier_report.json").write_text(json.dumps({**report.to_dict(), "feedback": report.feedback()}))
+    return Attempt(folder)
+
+
+EASY, HARD, FINE = [[1, 1, 1, 1]] * 3, [[0, 0, 0, 0]] * 2, [[1, 0, 0, 0], [0, 1, 1, 0]] * 4
+
+
+@pytest.mark.parametrize("level, groups, gate, retry", [
+    (1, EASY, True, 2), (2, EASY, True, 3), (3, EASY, True, None),  # no level above 3
+    (2, HARD, True, 1), (1, HARD, True, None),  # none below 1
+    (1, FINE, True, None), (1, EASY, False, None)])  # accepted; advisory calibration does not fail the round
+def test_only_a_round_calibration_failed_as_too_easy_or_too_hard_offers_its_choice_again(tmp_path, level, groups,
+                                                                                          gate, retry):
+    from trace_rl.agents.builders.pattern import retry_after
+
+    got = retry_after([calibrated_round(tmp_path / "attempt_01", CHOICES[4][1], level, groups, gate)])
+    assert (got and got.level) == retry
+    if got:
+        assert got.choice == CHOICES[4][1] and got.verdict == ("too_easy" if groups is EASY else "too_hard")
+
+
+def test_the_same_choice_after_too_easy_is_expanded_one_level_harder_and_recorded(tmp_path):
+    """Round 1 (exact_arguments at level 1) was too easy: round 2's builder is told it may send it again and
+    does; code expands it at level 2 and the round records the level. Another choice starts at 1, and a
+    level a binding already failed at is not offered (calibration said too hard at 2: 1 was too easy)."""
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.builders.pattern import write_pattern
+    from trace_rl.agents.env_builder import build_attempt
+
+    target = Target("tau2:retail", tools_of("retail"), "Be nice.", "")
+    exact, cap = CHOICES[4][1], Capability(name="argument_precision", description="Passes exact argument values.")
+    calibrated_round(tmp_path / "attempt_01", exact, 1, EASY)
+    reworded = {**exact, "request": "cancel the order"}  # the same binding in other words
+    again = RecordingLLM([json.dumps(reworded)])
+    build_attempt(again, cap, target, [], tmp_path, 2, "- calibration: too easy", json.dumps(exact), mode="pattern")
+    adir = tmp_path / "attempt_02"
+    assert json.loads((adir / "difficulty.json").read_text()) == {
+        "pattern": "exact_arguments", "difficulty": 2, "why": "the previous round's env, the same pattern and tools "
+                                                             "at difficulty 1, was too easy for the base model"}
+    assert json.loads((adir / "spec.json").read_text()) == expand(reworded, target.tools, 2)
+    assert "builder_choice.json" in {p.name for p in adir.iterdir()} and "difficulty" not in (
+        adir / "builder_choice.json").read_text()  # the model's choice as it wrote it: the level is code's
+    prompt = again.requests[0][-1]["content"]
+    assert "You may send the same pattern and tools again: code will make the task harder (difficulty 2 of 3: " \
+           + env_patterns.HARDER["exact_arguments"][2] in prompt and "Do not send the previous choice" not in prompt
+    # another binding after a too-easy round starts at 1
+    other = {"pattern": "exact_arguments", "write_tool": "modify_user_address", "request": "move me"}
+    calibrated_round(tmp_path / "b" / "attempt_01", exact, 1, EASY)
+    build_attempt(RecordingLLM([json.dumps(other)]), cap, target, [], tmp_path / "b", 2, "x", "y", mode="pattern")
+    assert json.loads((tmp_path / "b" / "attempt_02" / "difficulty.json").read_text())["difficulty"] == 1
+    # round 2 (level 2) too hard: level 1 already failed, so nothing is offered and the repeat is refused
+    calibrated_round(tmp_path / "c" / "attempt_01", exact, 1, EASY)
+    calibrated_round(tmp_path / "c" / "attempt_02", exact, 2, HARD)
+    third = RecordingLLM([json.dumps(exact), json.dumps(other)])
+    build_attempt(third, cap, target, [], tmp_path / "c", 3, "- calibration: too hard", json.dumps(exact),
+                  mode="pattern")
+    assert "You may send the same" not in third.requests[0][-1]["content"]
+    assert "same pattern and tools as your previous choice" in third.requests[1][-1]["content"]
+    assert json.loads((tmp_path / "c" / "attempt_03" / "builder_choice.json").read_text()) == other
+    # write_pattern alone: with no retry, a failed binding is refused at any level it failed at
+    with pytest.raises(ValueError, match="same pattern and tools"):
+        write_pattern(RecordingLLM([json.dumps(exact)]), cap, target, "x", "y", attempts=1,
+                      failed=[{**exact, "difficulty": 1}])
+
+
+@pytest.mark.docker
+def test_too_easy_then_too_hard_moves_the_level_up_then_offers_nothing_back(tmp_path, sandbox_image):
+    """The loop for real (sandbox, verifier, calibration): a literal-minded base policy calls the tool with every
+    "My X is Y." it reads. It solves exact_arguments at level 1 every time: calibration stops early, too easy.
+    Round 2 sends the same choice; code expands it at level 2, where the policy misses the value said beside a
+    decoy: too hard. Round 3 is not offered level 1 again (too easy already) and the same choice is refused."""
+    import re
+
+    from trace_rl.agents.builders import Target
+    from trace_rl.agents.env_builder import build_attempt, synthesize_round
+    from trace_rl.agents.verifier import VerifyConfig
+    from trace_rl.models.scripted import ToolCall
+
+    def literal(messages, tools):
+        if messages[-1]["role"] != "user":
+            return "Done."
+        said = re.findall(r"My ([a-z ]+?) is ([^\s,]+?)\.(?:\s|$)", messages[-1]["content"])
+        return ToolCall(tools[0]["function"]["name"], {k.replace(" ", "_"): v for k, v in said})
+
+    target = Target("tau2:retail", tools_of("retail"), "Be nice.", "")
+    exact, cap = CHOICES[4][1], Capability(name="argument_precision", description="Passes exact argument values.")
+    cfg = VerifyConfig(seeds=8, determinism_seeds=1, calib_seeds=6, calib_samples=2)
+    for rnd, verdict, why in ((1, "too_easy", "all-success"), (2, "too_hard", "all-zero")):
+        record = synthesize_round(cap, target, RecordingLLM([json.dumps(exact)]), tmp_path, rnd, cfg=cfg,
+                                  base_policy=ScriptedLLM(literal), mode="pattern", max_rounds=3, log=lambda *a: None)
+        adir = tmp_path / f"attempt_{rnd:02d}"
+        report, manifest = (json.loads((adir / f).read_text()) for f in ("verifier_report.json", "manifest.json"))
+        assert record is None and manifest["difficulty"] == rnd and manifest["calibration"]["verdict"] == verdict
+        assert [f["check"] for f in report["findings"] if not f["passed"]] == ["calibration"]
+        assert f"stopped after 2 of 6 groups: {why} groups are already 2 of 6" in report["feedback"]
+    other = {"pattern": "exact_arguments", "write_tool": "modify_user_address", "request": "move me"}
+    third = RecordingLLM([json.dumps(exact), json.dumps(other)])
+    build_attempt(third, cap, target, [], tmp_path, 3, "- calibration: too hard", json.dumps(exact), mode="pattern")
+    assert "You may send the same" not in third.requests[0][-1]["content"]
+    assert "same pattern and tools as your previous choice" in third.requests[1][-1]["content"]
+    assert json.loads((tmp_path / "attempt_03" / "difficulty.json").read_text())["difficulty"] == 1
+
+
 def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
     """Told the misfit, the 1.5B chose compute_then_act for telecom's precondition_verification 9 times
     in 3 rounds: the grammar and the menu now offer only the fitting families; a capability in none of
@@ -448,16 +698,17 @@ def test_the_grammar_offers_only_the_patterns_that_fit_the_capability():
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("domain, choice", CHOICES[::2], ids=[f"{d}-{c['pattern']}" for d, c in CHOICES[::2]])
-def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(domain, choice, sandbox_image):
+@pytest.mark.parametrize("level", env_patterns.LEVELS)
+@pytest.mark.parametrize("domain, choice", ONE_EACH, ids=[f"{d}-{c['pattern']}" for d, c in ONE_EACH])
+def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(domain, choice, level, sandbox_image):
     """What check_spec does not run: random tool calls and echoing the prompt (the target's policy in
-    it) must not score either."""
+    it) must not score either, at every difficulty level."""
     from trace_rl.agents.env_spec import render_module
     from trace_rl.agents.verifier import VerifyConfig, automatic_checks
     from trace_rl.evals.benchmark import load_benchmark
 
     tools = tools_of(domain)
-    module = render_module(expand(choice, tools), tools, load_benchmark(f"tau2:{domain}").spec()["policy"])
+    module = render_module(expand(choice, tools, level), tools, load_benchmark(f"tau2:{domain}").spec()["policy"])
     findings, _ = automatic_checks(module, tools, VerifyConfig(seeds=12, determinism_seeds=2))
     assert {f.check for f in findings} >= {"trivial_random_tools", "answer_leak", "reference_solver"}
     assert all(f.passed for f in findings), [f for f in findings if not f.passed]

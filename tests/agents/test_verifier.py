@@ -243,11 +243,18 @@ def test_calibration_runs_for_real_in_the_sandbox(sandbox_image, p_right, accept
     cfg = VerifyConfig(seeds=6, determinism_seeds=1, calib_seeds=6, calib_samples=8)
     report = verify(ENV, [TOOL], Capability(name="say_letter_a", description="d"), cfg, base_policy=_coin_policy(p_right))
     calib = next(f for f in report.findings if f.check == "calibration")
-    assert len(report.calibration["groups"]) == 6 and all(len(g) == 8 for g in report.calibration["groups"])
+    assert all(len(g) == 8 for g in report.calibration["groups"])
     assert calib.passed is accepted and report.passed is accepted
-    if p_right == 0.0:
+    if p_right == 0.0:  # a second all-zero group puts 2 of 6 over the cap 0.2, whatever comes next: stop there
         assert report.calibration["mean_reward"] == 0.0 and "too hard" in report.feedback()
+        assert "stopped after 2 of 6 groups: all-zero groups are already 2 of 6, over the cap 0.2" in calib.detail
     if p_right == 1.0:
         assert report.calibration["success_rate"] == 1.0 and "too easy" in report.feedback()
-    if accepted:
+        assert report.calibration["stopped_early"] == {
+            "after": 2, "of": 6, "why": "all-success groups are already 2 of 6, over the cap 0.2"}
+        assert report.calibration["verdict"] == "too_easy"
+    if not accepted:
+        assert len(report.calibration["groups"]) == 2
+    if accepted:  # never stopped early: all 6 groups played
         assert 0.2 <= report.calibration["mean_reward"] <= 0.6
+        assert len(report.calibration["groups"]) == 6 and report.calibration["stopped_early"] is None

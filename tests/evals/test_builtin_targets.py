@@ -4,10 +4,11 @@ environment builder works from their tools and the analyst's facts work on their
 Pattern mode: for every pattern the decode grammar offers on the target, a binding of the target's own
 tools (the grammar's first alternative for it, chosen by code, no model) expands into a spec whose env
 exposes exactly the target's schemas for the tools it binds, passes the runtime's own checks and, in the
-Docker sandbox, the verifier's automatic checks (12 seeds). Every alternative the grammar offers (BFCL:
-~120, each one binding) passes the runtime's checks in-process. Spec mode: the starter code writes on the
-target's tools passes the same checks. That is 5 (BFCL) + 3 (ToolSandbox) + 2 sandboxed runs, not every
-binding: BFCL's grammar allows ~1,600 bindings. Facts: hand-made trajectories with the benchmarks' real
+Docker sandbox, the verifier's automatic checks (12 seeds), at each difficulty level (1-3). Every
+alternative the grammar offers (BFCL: ~120, each one binding) passes the runtime's checks in-process, at
+each level. Spec mode: the starter code writes on the target's tools passes the same checks. That is
+(5 (BFCL) + 3 (ToolSandbox)) x 3 levels + 2 sandboxed runs, not every binding: BFCL's grammar allows
+~1,600 bindings. Facts: hand-made trajectories with the benchmarks' real
 tools, and two ToolSandbox episodes a 0.5B played (tests/support/toolsandbox_trajectories.jsonl)."""
 import ast
 import json
@@ -97,9 +98,11 @@ def assert_target_schemas(spec: dict, module: str, tools: list[dict]):
     assert {t["function"]["name"]: t for t in served} == {t["function"]["name"]: t for t in exposed}
 
 
+@pytest.mark.parametrize("level", env_patterns.LEVELS)
 @pytest.mark.parametrize("name, options", TARGETS, ids=IDS)
-def test_every_grammar_alternative_expands_and_passes_the_runtimes_checks(name, options):
-    """One binding per alternative the decode grammar offers (merged alternatives: their first tool)."""
+def test_every_grammar_alternative_expands_and_passes_the_runtimes_checks(name, options, level):
+    """One binding per alternative the decode grammar offers (merged alternatives: their first tool), at
+    each difficulty level."""
     target = target_of(name, options)
     schema = grammar(name, json.dumps(options, sort_keys=True))
     assert len(json.dumps(schema)) < 300_000, "the grammar grew back (BFCL's was 1.15 MB before merging)"
@@ -110,7 +113,7 @@ def test_every_grammar_alternative_expands_and_passes_the_runtimes_checks(name, 
             continue  # the grammar does not bind multi_write's tools: bindings() picks a pair
         choice = {"pattern": props["pattern"]["const"], **{k: v for k, v in env_patterns._SAMPLE.items() if k in props}}
         choice |= {f: (props[f].get("enum") or [props[f]["const"]])[0] for f in env_patterns.BOUND if f in props}
-        spec = env_patterns.expand(choice, target.tools)
+        spec = env_patterns.expand(choice, target.tools, level)
         if problems := spec_env.check_spec(spec, target.tools, range(8)):
             failures.append((choice, problems[0]["detail"][:300]))
     assert not failures, failures[:5]
@@ -131,15 +134,17 @@ def test_the_grammar_offers_patterns_and_the_prompt_fits(name, options):
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("level", env_patterns.LEVELS)
 @pytest.mark.parametrize("name, options", TARGETS, ids=IDS)
-def test_pattern_envs_bind_the_targets_schemas_and_pass_the_verifiers_automatic_checks(name, options, sandbox_image):
+def test_pattern_envs_bind_the_targets_schemas_and_pass_the_verifiers_automatic_checks(name, options, level,
+                                                                                       sandbox_image):
     from trace_rl.agents.env_spec import render_module
     from trace_rl.agents.verifier import VerifyConfig, automatic_checks
 
     target = target_of(name, options)
     failed = {}
     for pattern, choice in bindings(name, options).items():
-        spec = env_patterns.expand(choice, target.tools)
+        spec = env_patterns.expand(choice, target.tools, level)
         module = render_module(spec, target.tools, target.policy)  # as builders/pattern.py writes env.py
         assert_target_schemas(spec, module, target.tools)
         for seed in range(4):

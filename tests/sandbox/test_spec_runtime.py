@@ -212,6 +212,38 @@ def test_list_and_write_behaviours():
     assert env.state["reservation"][0]["status"] == f"cancelled by {env.state['reservation'][0]['reservation_id']}"
 
 
+def test_a_pick_other_than_earlier_picks_is_a_different_record_on_every_seed():
+    spec = {"system_prompt": "Help.", "user_message": "Mine is {task.a.reservation_id}, not {task.b.reservation_id}.",
+            "tools": {"get_reservation_details": {"kind": "read", "entity": "reservation", "arg": "reservation_id"}},
+            "entities": {"reservation": {"count": [3, 3], "fields": {
+                "reservation_id": {"type": "id", "pattern": "R{n:02d}"}}}},
+            "task": {"a": {"type": "pick", "entity": "reservation"},
+                     "b": {"type": "pick", "entity": "reservation", "other_than": ["a"]},
+                     "c": {"type": "pick", "entity": "reservation", "other_than": ["a", "b"]}},
+            "reference": [{"call": "get_reservation_details", "args": {"reservation_id": "{task.a.reservation_id}"}},
+                          {"reply": "Done."}],
+            "reward": [{"name": "looked", "weight": 1, "pred": {"op": "called", "tool": "get_reservation_details",
+                                                               "args": {"reservation_id": "{task.a.reservation_id}"}}}]}
+    assert spec_env.check_spec(spec, TOOLS, range(8)) == []
+    env = spec_env.SpecEnv(spec, TOOLS)
+    for seed in range(20):
+        env.reset(seed)
+        assert len({env.task[n]["reservation_id"] for n in "abc"}) == 3, seed  # three records, none twice
+    firsts = {spec_env.SpecEnv(spec, TOOLS).reset(s)["messages"][0]["content"][8:11] for s in range(20)}
+    assert len(firsts) > 1  # and which one is `a` still varies
+    # only earlier picks of the same entity can be named; a fourth record does not exist
+    for other_than, said in ((["c"], "'c'"), (["b", "z"], "'z'"), ([3], "int 3")):
+        bad = copy.deepcopy(spec)
+        bad["task"]["c"]["other_than"] = other_than
+        (finding,) = spec_env.static_findings(bad, TOOLS)
+        assert finding["detail"].startswith("task.c.other_than[") and said in finding["detail"], finding
+        assert "earlier pick of 'reservation' (those: a, b)" in finding["detail"]
+    four = copy.deepcopy(spec)
+    four["task"]["d"] = {"type": "pick", "entity": "reservation", "other_than": ["a", "b", "c"]}
+    (finding,) = spec_env.check_spec(four, TOOLS, range(1))
+    assert finding["check"] == "runtime" and "other than a, b, c" in finding["detail"]
+
+
 # ---------------------------------------------------------------- the expression and predicate language
 def episode(calls=(), reply=""):
     """What predicates read: calls as (name, arguments, result or None when the call failed)."""
