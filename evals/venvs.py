@@ -59,7 +59,7 @@ def _run(cmd: list[str], env: dict, what: str, log) -> None:
         raise BenchmarkError(f"{what} failed (exit {proc.returncode}): {proc.stdout.strip()[-1500:]}")
 
 
-def ensure_venv(recipe: VenvRecipe, log=lambda _msg: None, python: str | None = None) -> Path:
+def ensure_venv(recipe: VenvRecipe, log=lambda _msg: None) -> Path:
     """The recipe's interpreter, building the venv first if it is missing or stale."""
     if recipe.ready():
         return recipe.python
@@ -72,7 +72,7 @@ def ensure_venv(recipe: VenvRecipe, log=lambda _msg: None, python: str | None = 
         tmp = root / f".{recipe.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **recipe.env}
-        base = python or getattr(sys, "_base_executable", None) or sys.executable
+        base = getattr(sys, "_base_executable", None) or sys.executable
         try:
             _run([base, "-m", "venv", str(tmp)], env, f"{recipe.name}: creating the venv", log)
             pip = [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q"]

@@ -118,7 +118,7 @@ def _has_image(client, tag: str) -> bool:
         return False
 
 
-def _build_base(client, tag: str, log=print) -> None:
+def _build_base(tag: str, log=print) -> None:
     if not shutil.which("debootstrap"):
         if os.geteuid() != 0:
             raise DockerUnavailable("debootstrap is needed to build the sandbox base image: apt-get install debootstrap")
@@ -144,7 +144,7 @@ def ensure_image(log=print) -> str:
     if _has_image(client, tag):
         return tag
     if not _has_image(client, base_tag()):
-        _build_base(client, base_tag(), log)
+        _build_base(base_tag(), log)
     with tempfile.TemporaryDirectory(prefix="trace-rl-image-") as tmp:
         for name, data in _recipe_files().items():
             (Path(tmp) / name).write_bytes(data)
