@@ -83,6 +83,10 @@ class Benchmark(ABC):
                     return t
         raise BenchmarkError(f"{self.name}: unknown task id {task_id!r}" + (f" in split {split!r}" if split else ""))
 
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits():
+            raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
+
 
 class BenchmarkError(ValueError):
     """A problem with a benchmark or its input: the CLI prints it as one line (exit code 2). A plugin raises it

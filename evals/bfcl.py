@@ -103,8 +103,7 @@ class BfclBenchmark(WorkerBenchmark):
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self._tasks:
-            if split not in self.splits():
-                raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
+            self._check_split(split)
             out = []
             for rec in self.live_worker().call("tasks", split):
                 if self.category and rec["category"] != self.category:

@@ -363,8 +363,7 @@ class Tau2Benchmark(Benchmark):
         return list(_tau2_splits(self.domain))
 
     def tasks(self, split: str) -> list[Task]:
-        if split not in self.splits():
-            raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
+        self._check_split(split)
         return [Task(id=t.id, benchmark=self.name, split=split,
                      description=(t.description and t.description.purpose) or (t.ticket or "")[:300])
                 for t in _tau2_tasks(self.domain, split, self.task_set)]

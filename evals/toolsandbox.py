@@ -230,8 +230,7 @@ class ToolSandboxBenchmark(WorkerBenchmark):
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self._tasks:
-            if split not in self.splits():
-                raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
+            self._check_split(split)
             playable = self._playable()
             self._tasks[split] = [Task(t["id"], self.name, split, t.get("description", ""))
                                   for t in self._raw_tasks(split) if t["id"] in playable]

@@ -151,8 +151,7 @@ class WorkerBenchmark(Benchmark):
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self._tasks:
-            if split not in self.splits():
-                raise BenchmarkError(f"{self.name} has no split {split!r}; choose one of {', '.join(self.splits())}")
+            self._check_split(split)
             self._tasks[split] = [Task(str(t["id"]), self.name, split, t.get("description", ""))
                                   for t in self.live_worker().call("tasks", split)]
         return self._tasks[split]
