@@ -35,6 +35,8 @@ DECODE = "in-process decoding: auto, eager, graph (one CUDA graph per step) or i
 FLASH_ATTN = "llama.cpp's flash attention: faster long prompts, but greedy replies then depend on prompt caching"
 SERVE = "llama.cpp (CPU), hf (the batching engine: a GPU) or vllm (vLLM's server: a GPU, `pip install trace-rl[vllm]`)"
 SERVES = ("llama.cpp", "hf", "vllm")
+UNTIL = ("stop before this node (e.g. train: build every environment here, train on a GPU machine with "
+         "`trace-rl resume`)")
 
 
 def _fail(message: str):
@@ -193,13 +195,12 @@ def eval_cmd(benchmark: str = typer.Option("tau2:telecom", help="tau2:telecom, t
              flash_attn: bool = typer.Option(False, help=FLASH_ATTN),
              executor: str = typer.Option("local", help=EXECUTOR)):
     """Evaluate a model on a benchmark: pass@1, pass^k, CIs, report.json and report.png."""
-    from trace_rl.models.llm import LLM, LLMConfig
+    from trace_rl.models.llm import LLM, LLMConfig, served
     from trace_rl.evals.benchmark import load_benchmark
     from trace_rl.evals.report import write_report
     from trace_rl.core.io import fingerprint
     from trace_rl.evals.rollout import episode_settings, rollout
     from trace_rl.graph.config import AgentSettings
-    from trace_rl.models.llm import served
 
     agent = AgentSettings()
     _check_serve(serve)
@@ -336,8 +337,7 @@ def run(preset: str = typer.Option(None, help="demo (embedded models, 2-core CPU
         wait: bool = typer.Option(True, help="wait at approval points (else stop; `trace-rl resume` later)"),
         web: bool = typer.Option(True, help="serve the approval page on 127.0.0.1 while waiting"),
         port: int = typer.Option(8765, help="approval page port"),
-        until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
-                                             "train on a GPU machine with `trace-rl resume`)"),
+        until: str = typer.Option(None, help=UNTIL),
         show_config: bool = typer.Option(False, help="print the resolved config and exit"),
         serve: str = typer.Option(None, help=SERVE + " (= --set serve=...); default: the config's"),
         executor: str = typer.Option(None, help=EXECUTOR + " (= --set executor=...)")):
@@ -390,8 +390,7 @@ def resume(run_dir: str = typer.Argument(..., help="a run directory made by `tra
            wait: bool = typer.Option(True, help="wait at approval points"),
            web: bool = typer.Option(True, help="serve the approval page while waiting"),
            port: int = typer.Option(8765, help="approval page port"),
-           until: str = typer.Option(None, help="stop before this node (e.g. train: build every environment here, "
-                                                "train on a GPU machine with `trace-rl resume`)"),
+           until: str = typer.Option(None, help=UNTIL),
            set_: list[str] = typer.Option(None, "--set", help="change how this machine runs it (no result "
                                                               "changes): serve=hf, serve_rows, *.concurrency, ...")):
     """Continue a run from its last completed step (after a crash, a kill, an approval, or on another

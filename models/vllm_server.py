@@ -87,12 +87,12 @@ def unload_lora(base_url: str, name: str) -> None:
 
 
 def complete_ids(base_url: str, model: str, prompts: list[list[int]], max_tokens: int, temperature: float,
-                 stop_token_ids: list[int], timeout: float = 3600.0) -> list[list[int]]:
+                 stop_token_ids: list[int]) -> list[list[int]]:
     """The new token ids for each prompt (token ids), one /v1/completions request for them all: vLLM
     schedules them together. The token ids come back as sampled (`return_token_ids`), no re-tokenizing."""
     code, text = _post(f"{base_url.rstrip('/')}/completions", {
         "model": model, "prompt": prompts, "max_tokens": max_tokens, "temperature": temperature,
-        "stop_token_ids": list(stop_token_ids), "return_token_ids": True, "skip_special_tokens": False}, timeout)
+        "stop_token_ids": list(stop_token_ids), "return_token_ids": True, "skip_special_tokens": False}, 3600.0)
     if code != 200:
         raise RuntimeError(f"vLLM at {base_url}: completions for {model!r} failed: HTTP {code}: {text[:500]}")
     choices = sorted(json.loads(text)["choices"], key=lambda c: c["index"])

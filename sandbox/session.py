@@ -474,11 +474,11 @@ NO_NETWORK_PROBE = ("import socket, sys\n"
                     "print(sys.version.split()[0])\n")
 
 
-def self_check(limits: SessionLimits = SessionLimits()) -> tuple[bool, str]:
+def self_check() -> tuple[bool, str]:
     """Open a Docker session (engine started, image built if needed) and run the no-network probe
     through its `exec`: (ok, what it printed or why it failed). ok: Python ran and reached no network."""
     try:
-        with EnvSession(limits) as s:
+        with EnvSession() as s:
             out = s.exec(NO_NETWORK_PROBE, timeout=30)
     except (SandboxError, DockerUnavailable, RuntimeError) as err:  # RuntimeError: a host account has SANDBOX_UID
         return False, str(err)
