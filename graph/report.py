@@ -58,6 +58,17 @@ def calibration_note(env: EnvRecord, run_dir: Path | None) -> str:
     return "" if report.get("calibration") is not None else "; not calibrated (calibrate is off)"
 
 
+def pattern_level(env: EnvRecord, run_dir: Path | None) -> str:
+    """", difficulty N" where a pattern-built env was expanded above level 1 (a calibration found the first
+    too easy), else nothing: the reader of the table sees the env is not the pattern as first written."""
+    path = RunDir(run_dir).here(env.env) if run_dir is not None and env.env else env.env
+    try:
+        level = json.loads(Attempt(Path(path).parent).difficulty.read_text())["difficulty"] if path else 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f", difficulty {level}" if isinstance(level, int) and level > 1 else ""
+
+
 def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
     """What each stage produced, substituted or skipped, in words: the report's first table.
     `run_dir`: where the state's recorded paths are looked for when the run moved machines."""
@@ -90,8 +101,8 @@ def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
         outcome = "substituted" if env.substitute else "produced" if env.status == "verified" else env.status
         rows.append({"stage": "synthesise", "outcome": outcome, "detail": f"{name}: " + (
             env.substitute or env.reason or f"{env.status} after {env.rounds} builder round(s)") + (
-            f"; {PATTERN_NOTE} ({env.source.split(':', 1)[1]})" if env.source.startswith("pattern:") else "") + (
-            calibration_note(env, run_dir))})
+            f"; {PATTERN_NOTE} ({env.source.split(':', 1)[1]}{pattern_level(env, run_dir)})"
+            if env.source.startswith("pattern:") else "") + calibration_note(env, run_dir)})
     a: AdapterRecord
     for cap, a in (s.get("adapters") or {}).items():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""

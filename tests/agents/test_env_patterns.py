@@ -457,7 +457,10 @@ def test_pattern_mode_writes_the_choice_and_its_expansion_and_says_code_built_it
     assert manifest["difficulty"] == 1 == json.loads((adir / "difficulty.json").read_text())["difficulty"]
     assert record.status == "verified" and record.source == "pattern:guarded_action"
     (row,) = [r for r in stage_summary({"envs": {cap.name: record}}) if r["stage"] == "synthesise"]
-    assert PATTERN_NOTE in row["detail"] and "guarded_action" in row["detail"]
+    assert PATTERN_NOTE in row["detail"] and "guarded_action)" in row["detail"]  # level 1: nothing added
+    (adir / "difficulty.json").write_text(json.dumps({"pattern": "guarded_action", "difficulty": 2, "why": "x"}))
+    (row,) = [r for r in stage_summary({"envs": {cap.name: record}}) if r["stage"] == "synthesise"]
+    assert "(guarded_action, difficulty 2)" in row["detail"]
     from trace_rl.core.records import AdapterRecord
 
     adapter = AdapterRecord(trained_on=Capability(name=cap.name, description=""), steps=4)
