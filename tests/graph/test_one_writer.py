@@ -131,9 +131,14 @@ def test_a_stopped_eval_reports_the_episodes_it_finished(tmp_path, monkeypatch):
 
     monkeypatch.setattr(llm, "served", lambda cfg, *a, **kw: cfg)
     monkeypatch.setattr(llm, "LLM", lambda cfg: ScriptedLLM(agent))
+    # a shell's background job starts with SIGINT ignored (nohup, `&`): Ctrl-C is what this test sends
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     (tmp_path / "six.py").write_text(BENCH)
     args = ["eval", "--benchmark", f"{tmp_path / 'six.py'}:Six", "--model", "m", "--out", str(tmp_path / "out")]
-    res = CliRunner().invoke(app, args)
+    try:
+        res = CliRunner().invoke(app, args)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert res.exit_code == 130, res.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["stopped"].startswith("interrupted after") and "of 6 episodes" in report["stopped"]

@@ -2,61 +2,87 @@
 from spec_env import SpecEnv
 
 SPEC = {'name': 'exact_arguments',
- 'entities': {'ticket': {'count': [3, 6], 'fields': {'ticket_id': {'type': 'id', 'pattern': 'T{n:04d}'}}}},
+ 'entities': {'ticket': {'count': [6, 10], 'fields': {'ticket_id': {'type': 'id', 'pattern': 'T{n:04d}'}}}},
  'task': {'record': {'type': 'pick', 'entity': 'ticket'},
-          'stated_content': {'type': 'choice',
-                             'values': ['content_1042',
-                                        'content_2387',
-                                        'content_3719',
-                                        'content_4560',
-                                        'content_5823']},
-          'stated_reminder_timestamp': {'type': 'int', 'min': 1, 'max': 9},
-          'stated_latitude': {'type': 'int', 'min': 1, 'max': 9}},
- 'tools': {'add_reminder': {'kind': 'const', 'result': 'Done.'}},
+          'stated_name': {'type': 'choice',
+                          'values': [{'wrong': 'name_2387', 'right': 'name_1042'},
+                                     {'wrong': 'name_3719', 'right': 'name_2387'},
+                                     {'wrong': 'name_4560', 'right': 'name_3719'},
+                                     {'wrong': 'name_5823', 'right': 'name_4560'},
+                                     {'wrong': 'name_1042', 'right': 'name_5823'},
+                                     {'wrong': 'name_3719', 'right': 'name_1042'},
+                                     {'wrong': 'name_4560', 'right': 'name_2387'},
+                                     {'wrong': 'name_5823', 'right': 'name_3719'},
+                                     {'wrong': 'name_1042', 'right': 'name_4560'},
+                                     {'wrong': 'name_2387', 'right': 'name_5823'},
+                                     {'wrong': 'name_4560', 'right': 'name_1042'},
+                                     {'wrong': 'name_5823', 'right': 'name_2387'},
+                                     {'wrong': 'name_1042', 'right': 'name_3719'},
+                                     {'wrong': 'name_2387', 'right': 'name_4560'},
+                                     {'wrong': 'name_3719', 'right': 'name_5823'},
+                                     {'wrong': 'name_5823', 'right': 'name_1042'},
+                                     {'wrong': 'name_1042', 'right': 'name_2387'},
+                                     {'wrong': 'name_2387', 'right': 'name_3719'},
+                                     {'wrong': 'name_3719', 'right': 'name_4560'},
+                                     {'wrong': 'name_4560', 'right': 'name_5823'}]},
+          'stated_phone_number': {'type': 'choice',
+                                  'values': ['555-1042', '555-2387', '555-3719', '555-4560', '555-5823']},
+          'stated_relationship': {'type': 'choice',
+                                  'values': ['relationship_1042',
+                                             'relationship_2387',
+                                             'relationship_3719',
+                                             'relationship_4560',
+                                             'relationship_5823']},
+          'stated_is_self': {'type': 'bool', 'p': 0.5}},
+ 'tools': {'add_contact': {'kind': 'const', 'result': 'Done.'}},
  'system_prompt': 'You are a customer service agent. Use the tools to do what the user asks, then tell them. '
                   'Call each tool once, with exactly the values the user gives.',
- 'user_message': 'Content, reminder timestamp, latitude, longitude. My content is {task.stated_content}. My '
-                 'reminder timestamp is {task.stated_reminder_timestamp}. My latitude is '
-                 '{task.stated_latitude}.',
- 'reference': [{'call': 'add_reminder',
-                'args': {'content': '{task.stated_content}',
-                         'reminder_timestamp': '{task.stated_reminder_timestamp}',
-                         'latitude': '{task.stated_latitude}'}},
+ 'user_message': 'Name, phone number, relationship, isSelf. My name is not {task.stated_name.wrong}, it is '
+                 '{task.stated_name.right}. My phone number is {task.stated_phone_number}. My relationship '
+                 'is {task.stated_relationship}. My is self is {task.stated_is_self}.',
+ 'reference': [{'call': 'add_contact',
+                'args': {'name': '{task.stated_name.right}',
+                         'phone_number': '{task.stated_phone_number}',
+                         'relationship': '{task.stated_relationship}',
+                         'is_self': '{task.stated_is_self}'}},
                {'reply': 'Done.'}],
  'reward': [{'name': 'every_value',
              'weight': 0.6,
              'pred': {'op': 'called',
-                      'tool': 'add_reminder',
-                      'args': {'content': '{task.stated_content}',
-                               'reminder_timestamp': '{task.stated_reminder_timestamp}',
-                               'latitude': '{task.stated_latitude}'}}},
+                      'tool': 'add_contact',
+                      'args': {'name': '{task.stated_name.right}',
+                               'phone_number': '{task.stated_phone_number}',
+                               'relationship': '{task.stated_relationship}',
+                               'is_self': '{task.stated_is_self}'}}},
             {'name': 'first_try',
              'weight': 0.4,
              'pred': {'op': 'called',
-                      'tool': 'add_reminder',
-                      'args': {'content': '{task.stated_content}',
-                               'reminder_timestamp': '{task.stated_reminder_timestamp}',
-                               'latitude': '{task.stated_latitude}'},
+                      'tool': 'add_contact',
+                      'args': {'name': '{task.stated_name.right}',
+                               'phone_number': '{task.stated_phone_number}',
+                               'relationship': '{task.stated_relationship}',
+                               'is_self': '{task.stated_is_self}'},
                       'only': True}}]}
 
 TOOLS = [{'type': 'function',
-  'function': {'name': 'add_reminder',
-               'description': 'Add a reminder',
+  'function': {'name': 'add_contact',
+               'description': 'Add a new contact person to contact database. Entries with identical '
+                              'information are allowed,\n'
+                              'and will be assigned different person_ids.',
                'parameters': {'type': 'object',
-                              'properties': {'content': {'type': 'string',
-                                                         'description': 'Content of the reminder'},
-                                             'reminder_timestamp': {'type': 'number',
-                                                                    'description': 'When the user wants to '
-                                                                                   'be reminded. Expressed '
-                                                                                   'in POSIX timestamp'},
-                                             'latitude': {'type': 'number',
-                                                          'description': 'Optional. Latitude of the location '
-                                                                         'associated with this reminder'},
-                                             'longitude': {'type': 'number',
-                                                           'description': 'Optional. Longitude of the '
-                                                                          'location associated with this '
-                                                                          'reminder'}},
-                              'required': ['content', 'reminder_timestamp']}}}]
+                              'properties': {'name': {'type': 'string',
+                                                      'description': 'Name of contact person'},
+                                             'phone_number': {'type': 'string',
+                                                              'description': 'Phone number of contact '
+                                                                             'person'},
+                                             'relationship': {'type': 'string',
+                                                              'description': 'Optional, relationship between '
+                                                                             'user and this contact'},
+                                             'is_self': {'type': 'boolean',
+                                                         'description': 'Optional. Defaults to False. Should '
+                                                                        'be set to True if the contact '
+                                                                        'corresponds to the current user.'}},
+                              'required': ['name', 'phone_number']}}}]
 
 POLICY = "Don't make assumptions about what values to plug into functions. Ask for clarification if a user request is ambiguous."
 
