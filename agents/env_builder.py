@@ -92,7 +92,7 @@ def verify_attempt(attempt: dict, capability: Capability, target: Target, cfg: V
     atomic_write_json(adir.manifest, {
         "capability": capability.name, "description": capability.description, "target": target.name,
         "round": attempt["round"], "origin": origin, **({"note": PATTERN_NOTE} if origin.startswith("pattern") else {}),
-        **({"difficulty": json.loads(adir.difficulty.read_text())["difficulty"]} if adir.difficulty.is_file() else {}),
+        **({"difficulty": by_pattern.attempt_level(adir)} if adir.difficulty.is_file() else {}),
         "tools": tools, "passed": report.passed,
         "sha256": hashlib.sha256(code.encode()).hexdigest(),
         "calibration": {k: v for k, v in (report.calibration or {}).items() if k != "groups"} or None})

@@ -374,7 +374,7 @@ def certain_rejection(groups: list[list[float]], cfg: VerifyConfig) -> dict[str,
     left_groups = total_groups - len(groups)
     flat = [r for g in groups for r in g]
     left, n = left_groups * samples, len(flat) + left_groups * samples  # episodes still to play, in all
-    if not groups or not left_groups or not n:
+    if not groups or not left_groups:  # nothing played yet, or nothing left to decide early
         return {}
     out = {}
     after = f"whatever the remaining {left} episodes score"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trace_rl.agents.builders.pattern import attempt_level
 from trace_rl.core.io import atomic_write_json, atomic_write_text
 from trace_rl.core.records import PATTERN_NOTE, AdapterRecord, CapabilityRecord, EnvRecord
 from trace_rl.core.rundir import Attempt, RunDir
@@ -63,7 +64,7 @@ def pattern_level(env: EnvRecord, run_dir: Path | None) -> str:
     too easy), else nothing: the reader of the table sees the env is not the pattern as first written."""
     path = RunDir(run_dir).here(env.env) if run_dir is not None and env.env else env.env
     try:
-        level = json.loads(Attempt(Path(path).parent).difficulty.read_text())["difficulty"] if path else 1
+        level = attempt_level(Attempt(Path(path).parent)) if path else 1
     except (OSError, ValueError, KeyError, TypeError):
         return ""
     return f", difficulty {level}" if isinstance(level, int) and level > 1 else ""

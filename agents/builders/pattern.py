@@ -55,6 +55,17 @@ def attempt_level(attempt: Attempt) -> int:
     return json.loads(attempt.difficulty.read_text())["difficulty"] if attempt.difficulty.is_file() else 1
 
 
+def failed_choices(earlier: list[Attempt]) -> list[dict]:
+    """Every earlier round's choice (all of them failed), with the level it was expanded at ("difficulty")."""
+    return [{**json.loads(a.builder_choice.read_text()), "difficulty": attempt_level(a)}
+            for a in earlier if a.builder_choice.is_file()]
+
+
+def tried(failed: list[dict]) -> list[tuple[dict, int]]:
+    """(binding, level) of each failed choice: neither may come again as it was."""
+    return [(binding(c), c.get("difficulty", 1)) for c in failed]
+
+
 def retry_after(earlier: list[Attempt]) -> Retry | None:
     """The last round's choice one level harder (easier) when its calibration failed as too easy (too
     hard); None for any other outcome, where no level is left that way, or where an earlier round
@@ -66,10 +77,9 @@ def retry_after(earlier: list[Attempt]) -> Retry | None:
     verdict = (report.get("calibration") or {}).get("verdict")
     gated = any(f["check"] == "calibration" and not f["passed"] for f in report.get("findings", []))
     level = attempt_level(previous) + STEPS.get(verdict, 0)
-    choice = json.loads(previous.builder_choice.read_text())
-    tried = [(binding(json.loads(a.builder_choice.read_text())), attempt_level(a)) for a in earlier
-             if a.builder_choice.is_file()]
-    if not gated or verdict not in STEPS or level not in env_patterns.LEVELS or (binding(choice), level) in tried:
+    choice = json.loads(previous.builder_choice.read_text())  # as the model wrote it
+    if not gated or verdict not in STEPS or level not in env_patterns.LEVELS or \
+            (binding(choice), level) in tried(failed_choices(earlier)):
         return None
     return Retry(choice, level, verdict)
 
@@ -99,14 +109,14 @@ def write_pattern(llm, capability: Capability, target: Target, feedback=None, pr
     model = env_patterns.choice_model(target.tools)  # a target no pattern fits: a PatternError, this round's
     grammar = env_patterns.fitting(capability, env_patterns.decode_schema(target.tools))
     patterns = env_patterns.offered(grammar)
-    tried = [(binding(c), c.get("difficulty", 1)) for c in failed]
+    done = tried(failed)
 
     def expanded(choice) -> tuple[dict, dict]:
         if why := env_patterns.misfit(capability, choice.root.pattern, patterns):
             raise env_patterns.PatternError("pattern", why)
         answer = choice.model_dump()
         level = level_of(answer, retry)
-        if (binding(answer), level) in tried:  # a small model resends a failed choice word for word
+        if (binding(answer), level) in done:  # a small model resends a failed choice word for word
             raise env_patterns.PatternError("pattern", "the same pattern and tools as your previous choice, which "
                                                        "failed the checks: choose another pattern or other tools")
         try:
@@ -124,10 +134,9 @@ def write(llm, capability: Capability, target: Target, examples: list[str], atte
     """Also writes builder_choice.json (the model's choice), difficulty.json (the level code expanded it at,
     and why) and spec.json (what code expanded it into). Every earlier round's choice failed: none may come
     again at the same level."""
-    failed = [{**json.loads(a.builder_choice.read_text()), "difficulty": attempt_level(a)}
-              for a in earlier if a.builder_choice.is_file()]
     retry = retry_after(earlier)
-    choice, spec = write_pattern(llm, capability, target, feedback, previous, failed=failed, retry=retry)
+    choice, spec = write_pattern(llm, capability, target, feedback, previous, failed=failed_choices(earlier),
+                                 retry=retry)
     if retry is not None and binding(choice) == binding(retry.choice):
         level = retry.level
         was = retry.level - STEPS[retry.verdict]
