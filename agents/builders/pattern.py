@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from pydantic import BaseModel, Field
+
 from trace_rl import prompts
 from trace_rl.agents import env_patterns
 from trace_rl.agents.builders import Target, ask_builder
@@ -18,7 +20,7 @@ from trace_rl.agents.builders.spec import tool_line
 from trace_rl.agents.env_spec import render_module
 from trace_rl.core.io import atomic_write_json
 from trace_rl.core.records import Capability
-from trace_rl.core.rundir import Attempt
+from trace_rl.core.rundir import Attempt, read_control
 
 STEPS = {"too_easy": 1, "too_hard": -1}  # calibration's verdict -> the level's change
 
@@ -50,9 +52,19 @@ def level_of(choice: dict, retry: Retry | None) -> int:
     return retry.level if retry is not None and binding(choice) == binding(retry.choice) else 1
 
 
+class Difficulty(BaseModel):
+    """attempt_XX/difficulty.json: the level code expanded the round's choice at, and why."""
+    pattern: str = ""
+    difficulty: int = Field(ge=min(env_patterns.LEVELS), le=max(env_patterns.LEVELS))
+    why: str = ""
+
+
 def attempt_level(attempt: Attempt) -> int:
-    """The level a round's choice was expanded at (1 for a round from before levels existed)."""
-    return json.loads(attempt.difficulty.read_text())["difficulty"] if attempt.difficulty.is_file() else 1
+    """The level a round's choice was expanded at (1 for a round from before levels existed); a file of
+    the wrong shape is a RunDirError naming it and its field."""
+    if not attempt.difficulty.is_file():
+        return 1
+    return read_control(attempt.difficulty, Difficulty, "remove the round's folder to build it again").difficulty
 
 
 def failed_choices(earlier: list[Attempt]) -> list[dict]:
