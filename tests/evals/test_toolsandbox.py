@@ -325,6 +325,10 @@ def test_the_source_is_verified_unpacked_once_and_its_pins_fixed(tmp_path, monke
         source_tree(str(fake))
     with pytest.raises(BenchmarkError, match="neither a folder, an archive nor a git URL"):
         source_tree(str(tmp_path / "missing.tar.gz"))
+    with pytest.raises(BenchmarkError, match=r"git clone .* failed: .*; offline, name a source instead: "
+                                             r"TRACE_RL_TOOLSANDBOX_SOURCE=PATH") as err:
+        source_tree(f"file://{tmp_path}/no-such-repo.git")  # what an offline clone of the default source meets
+    assert "\n" not in str(err.value) and not list((tmp_path / "cache").rglob(".toolsandbox-git-*"))
     if VENDOR is None:
         pytest.skip("no vendored archive (../shared/vendor/ or $TRACE_RL_TOOLSANDBOX_SOURCE)")
     tree = source_tree(str(VENDOR))
