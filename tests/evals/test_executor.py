@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +168,14 @@ def test_a_model_no_node_can_reach_is_refused_and_an_in_process_one_plays_here(c
     assert [t.reward for t in trajs] == [0.0, 0.125] and "play here" in capsys.readouterr().err
 
 
+def process_gone(pid: int) -> bool:
+    """Exited (a zombie no one reaps counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def test_a_node_lost_mid_episode_loses_no_episode_and_duplicates_none(cluster, tmp_path):
     """Runs last: it removes the worker nodes. First with retries (the episode is played again elsewhere), then
     with none (it is recorded as infra_error, and the next run of the rollout plays it again)."""
@@ -174,23 +183,29 @@ def test_a_node_lost_mid_episode_loses_no_episode_and_duplicates_none(cluster, t
     log, ids = tmp_path / "episodes.log", [str(i) for i in range(6)]
 
     def lost_mid_episode(store, retries):
-        """Roll out in a thread; once an episode is in flight on a worker node, take that node away."""
-        bench, box = SlowLetters(6, 0.5, str(log)), {}
+        """Roll out in a thread; once an episode is in flight on a worker node, take that node away. Every step
+        waits while `hold` exists, so the victim's episode cannot end between seeing it start and the removal."""
+        hold = tmp_path / "hold"
+        bench, box = SlowLetters(6, 0.5, str(log), str(hold)), {}
         run = threading.Thread(target=lambda: box.update(out=rollout(
             bench, letters_agent(), ids, TrajectoryStore(store), trials=2, progress=False, executor="ray",
             ray_retries=retries)))
         log.write_text("")
+        hold.write_text("")
         run.start()
         alive = {w.node_id: w for w in workers if w in c.worker_nodes}
         deadline, victim = time.time() + 60, None
         while victim is None:
             assert time.time() < deadline, "no episode started on a worker node"
             started = [line.split() for line in log.read_text().splitlines()]
-            ends = {(tid, node) for what, tid, node, _ in started if what == "end"}
-            victim = next((alive[node] for what, tid, node, _ in started
-                           if what == "start" and node in alive and (tid, node) not in ends), None)
+            victim, pid = next(((alive[node], int(pid)) for what, _, node, pid in started
+                                if what == "start" and node in alive), (None, None))
             time.sleep(0.05)
         c.remove_node(victim, allow_graceful=False)
+        while not process_gone(pid):  # a worker outlives its raylet a moment, and could still send its result
+            assert time.time() < deadline + 60, f"the removed node's worker {pid} is still running"
+            time.sleep(0.05)
+        hold.unlink()
         run.join(120)
         assert not run.is_alive()
         return box["out"], victim.node_id

@@ -36,11 +36,12 @@ def letters_agent() -> ScriptedLLM:
 
 class SlowEpisode(LetterEpisode):
     """A letters episode whose every step takes `delay` seconds; its start and end are logged with the node
-    that played it (a test sees where an episode was in flight when its node went away)."""
+    that played it (a test sees where an episode was in flight when its node went away). While the file `hold`
+    exists no step ends, so a test can take a node away while its episode is surely still in flight."""
 
-    def __init__(self, task_id, delay, log):
+    def __init__(self, task_id, delay, log, hold=None):
         super().__init__(task_id)
-        self.delay, self.log = delay, log
+        self.delay, self.log, self.hold = delay, log, hold
 
     def _note(self, what):
         if self.log:
@@ -55,6 +56,8 @@ class SlowEpisode(LetterEpisode):
 
     def step(self, content, tool_calls):
         time.sleep(self.delay)
+        while self.hold and os.path.exists(self.hold):
+            time.sleep(0.02)
         return super().step(content, tool_calls)
 
     def score(self, termination):
@@ -65,9 +68,9 @@ class SlowEpisode(LetterEpisode):
 class SlowLetters(LetterBench):
     name = "slow-letters"
 
-    def __init__(self, n_tasks=8, delay=0.0, log=None):
+    def __init__(self, n_tasks=8, delay=0.0, log=None, hold=None):
         super().__init__(n_tasks)
-        self.delay, self.log = delay, log
+        self.delay, self.log, self.hold = delay, log, hold
 
     def episode(self, task_id, hinted=False):
-        return SlowEpisode(task_id, self.delay, self.log)
+        return SlowEpisode(task_id, self.delay, self.log, self.hold)
