@@ -567,8 +567,9 @@ def _exact_arguments(c, fns: dict, level: int = 1) -> dict:
     return d.spec("exact_arguments", {c.write_tool: behaviour}, c.request,
                   f"{SYSTEM} Call each tool once, with exactly the values the user gives.",
                   [{"call": c.write_tool, "args": args}, {"reply": "Done."}],
-                  [_component("every_value", 0.6, _called(c.write_tool, args)),
-                   _component("first_try", 0.4, _called(c.write_tool, args, only=True))])
+                  # a wrong write has already happened when a retry gets it right: most of the reward is the first try
+                  [_component("every_value", 0.3, _called(c.write_tool, args)),
+                   _component("first_try", 0.7, _called(c.write_tool, args, only=True))])
 
 
 def _multi_write(c, fns: dict, level: int = 1) -> dict:

@@ -110,6 +110,7 @@ def test_exact_arguments_fails_on_one_wrong_value_and_on_a_first_wrong_try():
     assert not play(env, 1, [call(right["name"], **wrong), {"content": "Done."}])["success"]
     retried = play(env, 1, [call(right["name"], **wrong), call(right["name"], **right["arguments"]), {"content": "x"}])
     assert retried["components"] == {"every_value": 1.0, "first_try": 0.0}
+    assert retried["reward"] == pytest.approx(0.3)  # right after a wrong write: partial credit, well under half
 
 
 def test_multi_write_needs_every_write_and_compute_then_act_the_product():
