@@ -33,103 +33,39 @@ COUNTRIES = ["France", "Japan", "Brazil", "Canada", "Italy", "Kenya"]
 FAULTS = ["airplane_mode_on", "data_mode_off", "data_saver_mode_on", "roaming_off_abroad"]
 CHECKS = ("check_network_status", "check_status_bar", "run_speed_test")
 
+
+def _tool(name, description):
+    """One of telecom's tools (they take no arguments), as its schema reads."""
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "properties": {}, "title": "parameters", "type": "object"}}}
+
+
 TOOLS = [
- {
-  "type": "function",
-  "function": {
-   "name": "check_network_status",
-   "description": "Checks your phone's connection status to cellular networks and Wi-Fi. Shows airplane mode status, signal strength, network type, whether mobile data is enabled, and whether data roaming is enabled.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "check_status_bar",
-   "description": "Shows what icons are currently visible in your phone's status bar (the area at the top of the screen). Displays network signal strength, mobile data status (enabled, disabled, data saver), Wi-Fi status, and battery level.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "run_speed_test",
-   "description": "Measures your current internet connection speed (download speed). Provides information about connection quality and what activities it can support.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "toggle_airplane_mode",
-   "description": "Toggles Airplane Mode ON or OFF. When ON, it disconnects all wireless communications including cellular, Wi-Fi, and Bluetooth.\n\nReturns the new state of airplane_mode.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "toggle_data",
-   "description": "Toggles your phone's mobile data connection ON or OFF. Controls whether your phone can use cellular data for internet access when Wi-Fi is unavailable.\n\nReturns the new data connection status.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "toggle_data_saver_mode",
-   "description": "Toggles Data Saver mode ON or OFF. When ON, it reduces data usage, which may affect data speed.\n\nReturns the new data saver mode status.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "toggle_roaming",
-   "description": "Toggles Data Roaming ON or OFF. When ON, your phone can use data networks in areas outside your carrier's coverage.\n\nReturns the new data roaming status.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "done",
-   "description": "Call this when the ticket is solved. Call no other tool in the same turn.",
-   "parameters": {
-    "type": "object",
-    "properties": {},
-    "required": []
-   }
-  }
- }
+    _tool("check_network_status",
+          "Checks your phone's connection status to cellular networks and Wi-Fi. Shows airplane mode status, "
+          "signal strength, network type, whether mobile data is enabled, and whether data roaming is enabled."),
+    _tool("check_status_bar",
+          "Shows what icons are currently visible in your phone's status bar (the area at the top of the "
+          "screen). Displays network signal strength, mobile data status (enabled, disabled, data saver), "
+          "Wi-Fi status, and battery level."),
+    _tool("run_speed_test",
+          "Measures your current internet connection speed (download speed). Provides information about "
+          "connection quality and what activities it can support."),
+    _tool("toggle_airplane_mode",
+          "Toggles Airplane Mode ON or OFF. When ON, it disconnects all wireless communications including "
+          "cellular, Wi-Fi, and Bluetooth.\n\nReturns the new state of airplane_mode."),
+    _tool("toggle_data",
+          "Toggles your phone's mobile data connection ON or OFF. Controls whether your phone can use cellular "
+          "data for internet access when Wi-Fi is unavailable.\n\nReturns the new data connection status."),
+    _tool("toggle_data_saver_mode",
+          "Toggles Data Saver mode ON or OFF. When ON, it reduces data usage, which may affect data "
+          "speed.\n\nReturns the new data saver mode status."),
+    _tool("toggle_roaming",
+          "Toggles Data Roaming ON or OFF. When ON, your phone can use data networks in areas outside your "
+          "carrier's coverage.\n\nReturns the new data roaming status."),
+    {"type": "function", "function": {
+        "name": "done", "description": "Call this when the ticket is solved. Call no other tool in the same turn.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
 ]
 
 

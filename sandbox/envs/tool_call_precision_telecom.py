@@ -42,67 +42,29 @@ RESULTS = {
     "run_speed_test": "Speed Test Result: 86.40 Mbps (Excellent). Connection is very fast.",
 }
 
+
+def _tool(name, description):
+    """One of telecom's tools (they take no arguments), as its schema reads."""
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "properties": {}, "title": "parameters", "type": "object"}}}
+
+
 TOOLS = [
- {
-  "type": "function",
-  "function": {
-   "name": "check_network_status",
-   "description": "Checks your phone's connection status to cellular networks and Wi-Fi. Shows airplane mode status, signal strength, network type, whether mobile data is enabled, and whether data roaming is enabled.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "check_status_bar",
-   "description": "Shows what icons are currently visible in your phone's status bar (the area at the top of the screen). Displays network signal strength, mobile data status (enabled, disabled, data saver), Wi-Fi status, and battery level.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "run_speed_test",
-   "description": "Measures your current internet connection speed (download speed). Provides information about connection quality and what activities it can support.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "check_data_restriction_status",
-   "description": "Checks if your phone has any data-limiting features active. Shows if Data Saver mode is on.",
-   "parameters": {
-    "properties": {},
-    "title": "parameters",
-    "type": "object"
-   }
-  }
- },
- {
-  "type": "function",
-  "function": {
-   "name": "done",
-   "description": "Call this when the ticket is solved. Call no other tool in the same turn.",
-   "parameters": {
-    "type": "object",
-    "properties": {},
-    "required": []
-   }
-  }
- }
+    _tool("check_network_status",
+          "Checks your phone's connection status to cellular networks and Wi-Fi. Shows airplane mode status, "
+          "signal strength, network type, whether mobile data is enabled, and whether data roaming is enabled."),
+    _tool("check_status_bar",
+          "Shows what icons are currently visible in your phone's status bar (the area at the top of the "
+          "screen). Displays network signal strength, mobile data status (enabled, disabled, data saver), "
+          "Wi-Fi status, and battery level."),
+    _tool("run_speed_test",
+          "Measures your current internet connection speed (download speed). Provides information about "
+          "connection quality and what activities it can support."),
+    _tool("check_data_restriction_status",
+          "Checks if your phone has any data-limiting features active. Shows if Data Saver mode is on."),
+    {"type": "function", "function": {
+        "name": "done", "description": "Call this when the ticket is solved. Call no other tool in the same turn.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
 ]
 
 
