@@ -345,8 +345,10 @@ class _Checker:
                        isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)}
 
     def bad(self, check, where, detail):
+        """Note a finding (the first 40); False, for a check that stops here (`return self.bad(...)`)."""
         if len(self.findings) < 40:
             self.findings.append(finding(check, where, detail))
+        return False
 
     def run(self):
         if not self.limits_ok(self.spec) or not self.keys("spec", self.spec, SPEC_KEYS):
@@ -384,29 +386,24 @@ class _Checker:
             node, depth = stack.pop()
             nodes, chars = nodes + 1, chars + (len(node) if isinstance(node, str) else 0)
             if depth > MAX_DEPTH or nodes > MAX_NODES or chars > MAX_CHARS:
-                self.bad("limits", "spec", f"nested deeper than {MAX_DEPTH}, or over {MAX_NODES} values or "
-                                           f"{MAX_CHARS} characters in all: simplify it")
-                return False
+                return self.bad("limits", "spec", f"nested deeper than {MAX_DEPTH}, or over {MAX_NODES} values or "
+                                                  f"{MAX_CHARS} characters in all: simplify it")
             if isinstance(node, dict):
                 if not all(isinstance(k, str) for k in node):
-                    self.bad("schema", "spec", "object keys must be strings")
-                    return False
+                    return self.bad("schema", "spec", "object keys must be strings")
                 stack += [(v, depth + 1) for v in node.values()]
             elif isinstance(node, list):
                 stack += [(v, depth + 1) for v in node]
             elif isinstance(node, str) and len(node) > MAX_TEXT or isinstance(node, float) and not math.isfinite(node):
-                self.bad("limits", "spec", f"a string over {MAX_TEXT} characters or a non-finite number")
-                return False
+                return self.bad("limits", "spec", f"a string over {MAX_TEXT} characters or a non-finite number")
             elif not isinstance(node, (str, int, float, bool, type(None))):
-                self.bad("schema", "spec", f"{type(node).__name__} is not a JSON value")
-                return False
+                return self.bad("schema", "spec", f"{type(node).__name__} is not a JSON value")
         return True
 
     def keys(self, where, obj, shape):
         """obj is an object with shape's required keys, of the right types, and no others."""
         if not isinstance(obj, dict):
-            self.bad("schema", where, f"must be an object, got {_kind(obj)}")
-            return False
+            return self.bad("schema", where, f"must be an object, got {_kind(obj)}")
         required, optional = shape
         ok = True
         for key in sorted(set(required) - set(obj)):
@@ -440,9 +437,8 @@ class _Checker:
 
     def field_spec(self, where, spec, types):
         if not isinstance(spec, dict) or spec.get("type") not in types:
-            self.bad("schema", f"{where}.type", f"must be one of {', '.join(types)}, got "
-                                                f"{_kind(spec.get('type') if isinstance(spec, dict) else spec)}")
-            return False
+            return self.bad("schema", f"{where}.type", f"must be one of {', '.join(types)}, got "
+                                                       f"{_kind(spec.get('type') if isinstance(spec, dict) else spec)}")
         t, before = spec["type"], len(self.findings)
         required, optional = FIELD_KEYS[t]
         if not self.keys(where, spec, ({**required, "type": str}, optional)):
@@ -479,21 +475,18 @@ class _Checker:
     def field_name(self, where, entity, field):
         if entity in self.entities and field not in self.entities[entity]:
             self.fixes.append(("add_field", entity, field))
-            self.bad("unknown_field", where, f"{entity!r} has no field {field!r} "
-                                             f"(fields: {', '.join(self.entities[entity])})")
-            return False
+            return self.bad("unknown_field", where, f"{entity!r} has no field {field!r} "
+                                                    f"(fields: {', '.join(self.entities[entity])})")
         return True
 
     def tool(self, where, name, tool):
         if name not in self.target:
             if any(n in self.target for n in self.spec.get("tools", {})):
                 self.fixes.append(("drop_tool", name))
-            self.bad("unknown_tool", where, f"{name!r} is not one of the target's tools "
-                                            f"(target's: {', '.join(sorted(self.target))})")
-            return
+            return self.bad("unknown_tool", where, f"{name!r} is not one of the target's tools "
+                                                   f"(target's: {', '.join(sorted(self.target))})")
         if not isinstance(tool, dict) or tool.get("kind") not in KINDS:
-            self.bad("schema", f"{where}.kind", f"must be one of {', '.join(KINDS)}")
-            return
+            return self.bad("schema", f"{where}.kind", f"must be one of {', '.join(KINDS)}")
         required, optional = TOOL_KEYS[tool["kind"]]
         if not self.keys(where, tool, ({**required, "kind": str}, optional)):
             return
@@ -502,9 +495,8 @@ class _Checker:
         entity = tool.get("entity")
         if entity is not None and entity not in self.entities:
             self.fixes.append(("add_entity", entity, None))
-            self.bad("unknown_entity", f"{where}.entity", f"{entity!r} is not an entity "
-                                                          f"(entities: {', '.join(self.entities) or 'none'})")
-            return
+            return self.bad("unknown_entity", f"{where}.entity", f"{entity!r} is not an entity "
+                                                                 f"(entities: {', '.join(self.entities) or 'none'})")
         if "arg" in tool:
             self.arg_name(f"{where}.arg", name, tool["arg"])
             if "field" in tool:
@@ -539,9 +531,8 @@ class _Checker:
                 if len(same) == 1:
                     self.fixes.append(("rename_tool", name, same[0]))
         if name not in self.exposed:
-            self.bad("unknown_tool", where, f"{name!r} is not an exposed tool (exposed: {', '.join(self.exposed)}): "
-                                            "add it to tools or name one of those")
-            return False
+            return self.bad("unknown_tool", where, f"{name!r} is not an exposed tool (exposed: "
+                                                   f"{', '.join(self.exposed)}): add it to tools or name one of those")
         return True
 
     def expr(self, where, expr, roots, tool=None):
@@ -582,9 +573,8 @@ class _Checker:
 
     def pred(self, where, p, roots, tool=None):
         if not isinstance(p, dict) or not isinstance(p.get("op"), str) or p["op"] not in PREDICATES:
-            self.bad("schema", f"{where}.op", f"must be one of {', '.join(PREDICATES)}, got "
-                                              f"{_kind(p.get('op') if isinstance(p, dict) else p)}")
-            return
+            return self.bad("schema", f"{where}.op", f"must be one of {', '.join(PREDICATES)}, got "
+                                                     f"{_kind(p.get('op') if isinstance(p, dict) else p)}")
         required, optional = PREDICATES[p["op"]]
         if not self.keys(where, p, ({**required, "op": str}, optional)):
             return
