@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trace_rl.agents.analyst import AnalysisConfig
 from trace_rl.agents.verifier import VerifyConfig
 from trace_rl.core.io import atomic_write_json, fingerprint
 from trace_rl.core.rundir import RunDir, RunDirError, read_control
-from trace_rl.models.llm import LLMConfig, endpoint_list
+from trace_rl.models.llm import Endpoints, LLMConfig
 from trace_rl.training.grpo import PRESETS as GRPO_PRESETS, GRPOSettings
 
 
@@ -69,7 +69,7 @@ class RunConfig(Strict):
     eval_mode_tasks: dict[str, int] = Field(default_factory=dict, description="fewer tasks for some modes, e.g. "
                                             "{moe: 2} where in-process decoding is slow; the table states each row's count")
     base_model: str = Field("qwen2.5-coder-0.5b", description="the agent: embedded name, .gguf, or name at base_url")
-    base_url: str | None = Field(None, description="the agent's endpoint; several serving the same model "
+    base_url: Endpoints = Field(None, description="the agent's endpoint; several serving the same model "
                                  "(a list, or comma-separated) take its requests in turn")
     serve: Literal["llama.cpp", "hf", "vllm"] = Field(
         "llama.cpp", description="how models without a base_url are served: llama.cpp (a CPU), hf (transformers + "
@@ -146,11 +146,6 @@ class RunConfig(Strict):
     def executor_kw(self) -> dict:
         """How rollout() plays this run's episodes (evals/executor.py): no result depends on it."""
         return {"executor": self.executor, "ray_address": self.ray_address, "ray_retries": self.ray_retries}
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _endpoints(cls, value):
-        return endpoint_list(value)
 
     @model_validator(mode="after")
     def _trials_need_sampling(self):

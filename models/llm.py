@@ -10,9 +10,9 @@ import os
 import threading
 import time
 from contextlib import suppress
-from typing import Any, Callable, TypeVar
+from typing import Annotated, Any, Callable, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from trace_rl.core.episode import tool_arguments
 from trace_rl.models.chat import (Reply, RequestDeadlineError, StructuredOutputError, ToolCall, Usage, extract_json,
@@ -28,12 +28,15 @@ def endpoint_list(value):
     return ",".join(str(u).strip() for u in value) if isinstance(value, (list, tuple)) else value
 
 
+Endpoints = Annotated[str | None, BeforeValidator(endpoint_list)]  # a base_url field: a list arrives as one string
+
+
 class LLMConfig(BaseModel):
     """One model at one endpoint: every model the pipeline calls is configured with this."""
     model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not silently ignored
 
     model: str = Field("qwen2.5-coder-0.5b", description="embedded model name, path to a .gguf, or remote model name")
-    base_url: str | None = Field(None, description="OpenAI-compatible endpoint; several serving the same model "
+    base_url: Endpoints = Field(None, description="OpenAI-compatible endpoint; several serving the same model "
                                  "(comma-separated, or a list) take requests in turn; unset = serve `model` locally")
     api_key: str | None = Field(None, exclude=True, description="defaults to $OPENAI_API_KEY, or a dummy for local "
                                                                  "servers; never written to a run directory")
@@ -56,11 +59,6 @@ class LLMConfig(BaseModel):
     flash_attn: bool = Field(False, description="flash attention on the local llama.cpp server: long prompts read "
                                                 "faster on a CPU, but a greedy reply then depends on how its prompt "
                                                 "was split between cached and new tokens")
-
-    @field_validator("base_url", mode="before")
-    @classmethod
-    def _endpoints(cls, value):
-        return endpoint_list(value)
 
     @model_validator(mode="after")
     def _lora_is_local(self):
