@@ -96,7 +96,6 @@ class BfclBenchmark(WorkerBenchmark):
         self.mode, self.category = mode, category
         self.name = "bfcl" + (f":{category}" if category else "")
         self._records: dict[str, dict] = {}  # task id -> {"max_steps", "of": BFCL's id, "upto": its turn or None}
-        self._worker_spec: dict | None = None
 
     def splits(self) -> list[str]:
         return [self.category, "all", "train", "test"] if self.category else super().splits()
@@ -130,20 +129,15 @@ class BfclBenchmark(WorkerBenchmark):
         ep.max_steps = self._record(task_id)["max_steps"]  # the agent loop reads it before reset
         return ep
 
-    def _spec(self) -> dict:
-        if self._worker_spec is None:
-            self._worker_spec = self.live_worker().call("spec")
-        return self._worker_spec
-
     def task_tools(self, task_id: str) -> list[str]:
         """The functions the task offers, held-out ones included (a whole task: by its last turn)."""
         rec = self._record(task_id)
-        added = self._spec()["task_functions"][rec["of"]]
+        added = self.worker_spec()["task_functions"][rec["of"]]
         return [name for turn, names in sorted(added.items(), key=lambda kv: int(kv[0]))
                 if rec["upto"] is None or int(turn) <= rec["upto"] for name in names]
 
     def spec(self) -> dict:
-        spec = self._spec()
+        spec = self.worker_spec()
         return {"tools": spec["tools"], "policy": spec["policy"], "system_prompt": spec["system_prompt"],
                 "task_tools": {t.id: self.task_tools(t.id) for t in self.tasks("all")}}
 

@@ -206,7 +206,6 @@ class ToolSandboxBenchmark(WorkerBenchmark):
         self.variant, self.user, self.user_llm = variant, user, user_llm
         self.name = f"toolsandbox:{variant}" if variant else "toolsandbox"
         self._raw: dict[str, list[dict]] = {}
-        self._spec: dict | None = None
         self._user, self._user_lock = None, threading.Lock()
         if variant and variant not in self._worker_splits():
             self.close()
@@ -252,11 +251,6 @@ class ToolSandboxBenchmark(WorkerBenchmark):
             why = self.excluded().get(task_id) or f"not in {self.name}"
             raise BenchmarkError(f"{self.name}: scenario {task_id!r} is not played here: {why}")
         return ToolSandboxEpisode(self, task_id)  # ToolSandbox has no hints: a hinted episode is the plain one
-
-    def spec(self) -> dict:
-        if self._spec is None:
-            self._spec = self.live_worker().call("spec")
-        return self._spec
 
     def task_tools(self, task_id: str) -> list[str] | None:
         return self.spec()["task_tools"].get(task_id)

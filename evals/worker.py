@@ -131,6 +131,7 @@ class WorkerBenchmark(Benchmark):
         self.worker: Worker | None = None
         self._splits: list[str] | None = None
         self._tasks: dict[str, list[Task]] = {}
+        self._worker_spec: dict | None = None
 
     def live_worker(self) -> Worker:
         """The running worker, started or restarted as needed."""
@@ -159,8 +160,14 @@ class WorkerBenchmark(Benchmark):
     def episode(self, task_id: str, hinted: bool = False) -> WorkerEpisode:
         return WorkerEpisode(self, task_id)  # a worker benchmark has no hints
 
+    def worker_spec(self) -> dict | None:
+        """The worker side's spec(), asked once."""
+        if self._worker_spec is None:
+            self._worker_spec = self.live_worker().call("spec")
+        return self._worker_spec
+
     def spec(self) -> dict:
-        return self.live_worker().call("spec") or super().spec()
+        return self.worker_spec() or super().spec()
 
     def close(self) -> None:
         if self.worker is not None:
