@@ -12,7 +12,6 @@ import argparse
 import json
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from rich.console import Console
@@ -36,7 +35,7 @@ def arm(policy, name: str, mode: str, trajs, run_cfg, facts, attempts: int) -> d
     serve.schema_prefix = real if mode == "prefix" else (lambda rf: "")
     grammar.available = real_available if mode == "grammar" else (lambda: False)
     port = free_port()
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), serve.make_handler(policy, name))
+    httpd = serve.Server(("127.0.0.1", port), serve.make_handler(policy, name))
     grammar.available = real_available
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     llm = LLM(LLMConfig(model=name, base_url=f"http://127.0.0.1:{port}/v1", max_tokens=run_cfg.analyst.max_tokens,

@@ -121,13 +121,19 @@ def make_handler(policy, name: str):
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    """A batch of rows connects at once; http.server's listen backlog of 5 drops the SYNs of a burst past it while
+    the accept loop is busy, and each dropped one retries only after a second."""
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def serve(model: str, host: str = "127.0.0.1", port: int = 8081, rows: int | None = None,
           max_len: int = 16384, decode: str = "auto") -> None:
     """Load `model` (embedded name, .gguf, or transformers folder) and serve it until killed."""
     policy = HFPolicy.load(model, rows=rows, max_len=max_len, decode=decode)
     name = Path(model).stem
-    server = ThreadingHTTPServer((host, port), make_handler(policy, name))
-    server.daemon_threads = True
+    server = Server((host, port), make_handler(policy, name))
     print(f"serving {name} on http://{host}:{port}/v1 (engine rows={policy.batcher.engine.rows})", flush=True)
     server.serve_forever()
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from trace_rl.models.engine_server import Server
 
 
 class FakeOpenAI:
@@ -80,8 +82,7 @@ class FakeOpenAI:
                 return self._send(200, {"id": "c", "object": "text_completion", "model": model, "choices": choices,
                                         "usage": {**usage, "completion_tokens": n * len(prompts)}})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = Server(("127.0.0.1", 0), Handler)  # the engine server's backlog: a burst is accepted at once
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
