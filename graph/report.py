@@ -108,7 +108,8 @@ def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
     for cap, a in (s.get("adapters") or {}).items():
         held = f", held-out success {a.before.success:.0%} → {a.after.success:.0%}" if a.before and a.after else ""
         if a.before and a.before.success >= 1.0:  # GRPO had nothing to teach
-            held += " (the base already passed every held-out seed: the env is too easy for it)"
+            held += (f" (the base, decoding greedily, already passed all {a.before.episodes} held-out seeds: they "
+                     "cannot show a gain; calibration samples at the agent's temperature)")
         source = getattr((s.get("envs") or {}).get(cap), "source", "")
         rows.append({"stage": "train", "outcome": "untrained" if a.untrained else "produced",
                      "detail": f"{a.trained_on.name}: {a.steps} GRPO steps"
