@@ -25,7 +25,7 @@ from trace_rl.core.rundir import CompositionDir, TrainDir
 from trace_rl.core.trajectory import TrajectoryStore
 from trace_rl.models.engine import Engine
 from trace_rl.models.hf_policy import HFPolicy, assistant_labels, encode, render
-from trace_rl.training.moe import Adapter, LoRAMoE, train_gates
+from trace_rl.training.moe import Adapter, LoRAMoE, adapter_share, train_gates
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -146,10 +146,12 @@ def compose(model, tokenizer, adapters: dict[str, str | Path], capabilities: lis
     moe = LoRAMoE(model, [Adapter.from_dir(name, path) for name, path in adapters.items()])
     rows, too_long = gate_examples(tokenizer, conversations, max_len)
     losses = train_gates(moe, rows, epochs=epochs, lr=lr, weight_decay=weight_decay, lb_weight=lb_weight) if rows else []
+    share = adapter_share(moe, rows) if losses else None
     moe.save(out_dir, capabilities=[c.model_dump() for c in capabilities], gate_training={
         "examples": len(rows), "offered": len(conversations), "too_long": too_long, "max_len": max_len,
         "epochs": epochs, "lr": lr, "weight_decay": weight_decay, "lb_weight": lb_weight,
         "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "adapter_share": share,
         "from": sources or {}})
     return moe
 
@@ -204,8 +206,11 @@ def gate_summary(composition_dir: str | Path) -> str:
     if why := _untrained_because(g):
         return f"gates untrained: {why}"
     where = ", ".join(f"{k}: {v}" for k, v in (g.get("from") or {}).items())
+    share = g.get("adapter_share")  # None for a composition saved before it was measured
+    routes = "" if share is None else f"; {share:.0%} of token routes to an adapter" + (
+        " (every gate still prefers the base: the moe decodes as the base)" if share == 0 else "")
     return (f"gates trained on {g['examples']} successful rollouts" + (f" ({where})" if where else "")
-            + f", {g['epochs']} epochs, loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
+            + f", {g['epochs']} epochs, loss {g['loss_first']:.3f} → {g['loss_last']:.3f}" + routes)
 
 
 def adapter_names(adapters: dict) -> dict[str, str]:

@@ -264,6 +264,22 @@ class LoRAMoE(nn.Module):
         return moe
 
 
+def adapter_share(moe: LoRAMoE, batches) -> float:
+    """The share of (token, layer) routes that go to an adapter on `batches` (gate training's rows), after
+    training. 0 means every gate still prefers the base slot, where BASE_BIAS starts it: the moe decodes as the
+    base, and its row says nothing about the adapters."""
+    moe.force(None)
+    device, routed, total = next(moe.model.parameters()).device, 0, 0
+    with torch.no_grad():
+        for batch in batches:
+            moe(**{k: v.to(device) for k, v in batch.items() if k != "labels"})
+            seen = batch.get("attention_mask", torch.ones_like(batch["input_ids"])).to(device).bool()
+            for r in moe.routings:
+                routed += int((r.route[seen] > 0).sum())
+                total += int(seen.sum())
+    return routed / total if total else 0.0
+
+
 def train_gates(moe: LoRAMoE, batches, epochs: int = 3, lr: float = 5e-4, weight_decay: float = 0.01,
                 lb_weight: float = 1e-3, checkpointing: bool = True) -> list[float]:
     """Gate training on successful rollouts: token cross-entropy + λ · load balance.

@@ -162,8 +162,15 @@ def test_the_gate_summary_says_where_the_examples_came_from_and_how_the_loss_mov
             tmp_path / "c", epochs=2, sources={"a": 2})
     g = json.loads((tmp_path / "c" / "manifest.json").read_text())["gate_training"]
     assert g["from"] == {"a": 2}
-    assert gate_summary(tmp_path / "c") == (f"gates trained on 2 successful rollouts (a: 2), 2 epochs, "
-                                            f"loss {g['loss_first']:.3f} → {g['loss_last']:.3f}")
+    assert 0.0 <= g["adapter_share"] <= 1.0
+    assert gate_summary(tmp_path / "c").startswith(f"gates trained on 2 successful rollouts (a: 2), 2 epochs, "
+                                                   f"loss {g['loss_first']:.3f} → {g['loss_last']:.3f}; "
+                                                   f"{g['adapter_share']:.0%} of token routes to an adapter")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    manifest["gate_training"]["adapter_share"] = 0.0  # every gate still on the base slot: the row must say so
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    assert gate_summary(tmp_path / "c").endswith("0% of token routes to an adapter (every gate still prefers the "
+                                                 "base: the moe decodes as the base)")
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [Capability(name="a", description="d")], [], tmp_path / "e")
     assert gate_summary(tmp_path / "e") == "gates untrained: 0 successful rollouts to train them on"
     compose(tiny_model(tok), tok, {"a": tmp_path / "a"}, [Capability(name="a", description="d")], [short], tmp_path / "z",

@@ -48,6 +48,24 @@ def test_all_gates_at_base_slot_reproduce_base_exactly(setup):
     assert routing_fractions(moe)[0] == 1.0
 
 
+def test_the_adapter_share_counts_the_routes_that_leave_the_base(setup):
+    """0 while every gate keeps BASE_BIAS's start (the moe decodes as the base), 1 once every gate prefers an
+    adapter, and per layer in between."""
+    from trace_rl.training.moe import adapter_share
+
+    ids, _, adapters = setup
+    moe = LoRAMoE(tiny_base(), adapters)
+    rows = [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}]
+    assert adapter_share(moe, rows) == 0.0
+    with torch.no_grad():
+        for gate in moe.gates:
+            gate.proj.bias[2] = 10.0  # adapter 2 over the base's 5.0 for every token
+    assert adapter_share(moe, rows) == 1.0
+    with torch.no_grad():
+        moe.gates[0].proj.bias[2] = 0.0  # the first of the two layers back on the base
+    assert adapter_share(moe, rows) == 0.5
+
+
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_forced_expert_reproduces_that_adapter(setup, k):
     ids, peft_models, adapters = setup
