@@ -65,9 +65,9 @@ def pattern_level(env: EnvRecord, run_dir: Path | None) -> str:
     path = RunDir(run_dir).here(env.env) if run_dir is not None and env.env else env.env
     try:
         level = attempt_level(Attempt(Path(path).parent)) if path else 1
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):  # a damaged difficulty.json (RunDirError): the row goes without its level
         return ""
-    return f", difficulty {level}" if isinstance(level, int) and level > 1 else ""
+    return f", difficulty {level}" if level > 1 else ""
 
 
 def stage_summary(s: dict, run_dir: Path | None = None) -> list[dict]:
