@@ -96,8 +96,9 @@ def _clone(url: str, ref: str, dest: Path, log) -> None:
             log(f"toolsandbox: {' '.join(cmd[:2] + cmd[-2:])}")
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise BenchmarkError(f"toolsandbox: {' '.join(cmd)} failed: {' '.join(proc.stderr.split())[-500:]}; offline, "
-                                     f"name a source instead: {SOURCE_ENV}=PATH or `trace-rl benchmarks install "
+                why = " ".join(proc.stderr.split())[-500:]  # git's lines folded into the one-line error
+                raise BenchmarkError(f"toolsandbox: {' '.join(cmd)} failed: {why}; offline, name a source instead:"
+                                     f" {SOURCE_ENV}=PATH or `trace-rl benchmarks install "
                                      f"toolsandbox --source PATH` (PATH: {VENDORED} or a checkout folder)")
         tmp.rename(dest)
     finally:

@@ -718,9 +718,10 @@ def test_a_pattern_env_passes_the_verifiers_automatic_checks_in_the_sandbox(doma
     assert all(f.passed for f in findings), [f for f in findings if not f.passed]
 
 
-@pytest.mark.parametrize("text, says", [("{}", "field difficulty: Field required"),
-                                        ('{"difficulty": 7}', "field difficulty: Input should be less than or equal to 3"),
-                                        ("[1]", "field (top level)"), ("not json", "difficulty.json")])
+@pytest.mark.parametrize("text, says", [
+    ("{}", "field difficulty: Field required"),
+    ('{"difficulty": 7}', "field difficulty: Input should be less than or equal to 3"),
+    ("[1]", "field (top level)"), ("not json", "difficulty.json")])
 def test_a_difficulty_file_of_the_wrong_shape_is_one_line_naming_its_field(tmp_path, text, says):
     from trace_rl.agents.builders.pattern import attempt_level
     from trace_rl.core.rundir import Attempt, RunDirError
